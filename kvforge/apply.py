@@ -44,7 +44,7 @@ class ApplyResult:
     branch: str | None
     worktree: str | None
     head: str | None
-    outcomes: list[PatchOutcome] = field(default_factory=list)
+    patches: list[PatchOutcome] = field(default_factory=list)
     seconds: float = 0.0
     noop: bool = False
 
@@ -99,7 +99,7 @@ def apply_target(target: Target, cache: Cache, into: Path | None = None, branch:
     say(f"applying {len(series.patches)} patches to {base.ref} ({base.commit[:12]})")
     add_worktree(base.repo, tmp, base.commit)
     try:
-        result.outcomes = am_series(tmp, series.patches, base)
+        result.patches = am_series(tmp, series.patches, base)
     except ApplyFailure as failure:
         if keep_conflict and not existing:
             gitutil.run(base.repo, "worktree", "move", str(tmp), str(into))
@@ -120,7 +120,7 @@ def apply_target(target: Target, cache: Cache, into: Path | None = None, branch:
         same = gitutil.rev_parse(base.repo, f"{existing}^{{tree}}") == gitutil.rev_parse(tmp, "HEAD^{tree}")
         count = gitutil.run(base.repo, "rev-list", "--count", f"{base.commit}..{existing}", check=False).stdout.strip()
         remove_worktree(base.repo, tmp)
-        applied = sum(1 for o in result.outcomes if o.commit)
+        applied = sum(1 for o in result.patches if o.commit)
         if same and count == str(applied):
             result.noop, result.head = True, existing
             result.worktree = worktree_of(base.repo, branch)

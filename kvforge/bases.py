@@ -16,8 +16,6 @@ import os
 import shutil
 import tarfile
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -57,6 +55,8 @@ def ensure_base(component: Component, cache: Cache, source: str = "auto", repo_u
         raise KvforgeError(f"--source must be auto, git or sdist, not {source!r}")
     if source == "git" or (source == "auto" and repo_url):
         return _from_git(component, cache, repo_url or component.repo, say)
+    if source == "sdist":
+        return _cached(component, cache, "sdist") or _from_sdist(component, cache, say)
     if source == "auto":
         for kind in ("git", "sdist"):
             hit = _cached(component, cache, kind)
@@ -147,6 +147,9 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
     dest = cache.downloads / rel.filename
     if dest.is_file() and (not rel.sha256 or sha256_file(dest) == rel.sha256):
         return dest
+    import urllib.parse
+    import urllib.request
+
     url, expected, size = _sdist_url(rel)
     if rel.sha256 and expected and rel.sha256 != expected:
         raise KvforgeError(f"{rel.filename}: the index says sha256 {expected}, the target pins {rel.sha256}",
@@ -179,6 +182,9 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
 
 
 def _sdist_url(rel) -> tuple[str, str | None, int]:
+    import urllib.parse
+    import urllib.request
+
     index = f"{pypi_url()}/pypi/{rel.package}/json"
     try:
         with urllib.request.urlopen(index, timeout=60) as resp:

@@ -162,7 +162,7 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
     if as_json:
         emit_json({**result.to_json(), "ok": True})
         return
-    _print_outcomes(result.outcomes)
+    _print_outcomes(result.patches)
     if result.noop:
         click.echo(f"\n{result.branch} already holds this series at {result.head[:12]}: nothing to do"
                    + (f" (worktree {result.worktree})" if result.worktree else ""))
@@ -220,13 +220,24 @@ def status_cmd(as_json: bool) -> None:
         emit_json({fid: {t: c.__dict__ for t, c in row.items()} for fid, row in cells.items()})
         return
     names = [t.name for t in targets]
+    notes: list[str] = []
 
     def cell(fid, t):
         c = cells[fid].get(t)
-        return "-" if c is None else (c.detail if c.state == "carried" else f"in base: {c.detail}")
+        if c is None:
+            return "-"
+        if c.state == "carried":
+            return c.detail
+        text = f"{fid}: {c.detail}"
+        if text not in notes:
+            notes.append(text)
+        return f"in base [{notes.index(text) + 1}]"
 
-    click.echo(table(["fix-id", *names], [[fid, *[cell(fid, t) for t in names]] for fid in order]))
-    click.echo("\n'-': not carried on that target.")
+    rows = [[fid, *[cell(fid, t) for t in names]] for fid in order]
+    click.echo(table(["fix-id", *names], rows))
+    click.echo("\n'-': not carried on that target; 'NNNN Status': patch number and Upstream-Status.")
+    for i, n in enumerate(notes, 1):
+        click.echo(f"[{i}] {n}")
 
 
 @main.command("export")
@@ -261,6 +272,88 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, rev: str |
         return
     click.echo(table(["patch", "fix-id", "file"], [[e.name, e.fix_id, "rewritten" if e.changed else "unchanged"]
                                                  for e in written]))
+
+
+@main.command("env")
+@target_option
+@component_option
+@click.option("--rebuild", is_flag=True, help="Remove and rebuild the target's environment.")
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool, source: str,
+            repo_url: str | None, as_json: bool) -> None:
+    """Build (once) the Python environment that runs the target's vLLM CPU tests.
+
+    torch from a local CPU wheel, vLLM's import-time requirements with the base tree's own version
+    specifiers, pytest, a CPU platform plugin and an offline HF cache; nothing is installed into
+    your Python. Targets whose requirements agree share one environment. $KVFORGE_TEST_PYTHON
+    names an interpreter to use instead.
+    """
+    from .env import target_env
+    from .targets import load_target
+
+    env = target_env(load_target(target_name), cache, component, source, repo_url, rebuild, progress)
+    if as_json:
+        emit_json(env.to_json())
+    else:
+        how = "external" if env.external else ("reused" if env.reused else f"built in {env.seconds:.0f}s")
+        click.echo(f"{target_name}: env {env.key} ({how}): {env.python}")
+
+
+@main.command("test")
+@target_option
+@component_option
+@click.option("--platform", "platform_name", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu",
+              show_default=True, help="Test selection to run (targets/*.toml components.tests).")
+@click.option("--base/--patched", "on_base", default=False,
+              help="Run on the base tree, or on the fully patched tree [default: --patched].")
+@click.option("-k", "keyword", metavar="EXPR", help="Only tests matching this pytest -k expression.")
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def test_cmd(cache: Cache, target_name: str, component: str | None, platform_name: str, on_base: bool,
+             keyword: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
+    """Run the target's test selection plus every Checks test of its series with vLLM's own tests.
+
+    pytest runs from the root of the base or patched tree in kvforge's test environment and
+    writes JUnit XML (target, base commit, series hash and platform on every testcase) into the
+    cache. Exit 4 when a test fails or none ran. cuda and npu print the command a runner with
+    that hardware would run: they cannot run here.
+    """
+    from .targets import load_target
+    from .testrun import print_test_result, test_target
+
+    result = test_target(load_target(target_name), cache, component, platform_name, on_base, keyword, source,
+                         repo_url, progress)
+    print_test_result(result, as_json)
+
+
+@main.command("verify")
+@target_option
+@component_option
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def verify_cmd(cache: Cache, target_name: str, component: str | None, source: str, repo_url: str | None,
+               as_json: bool) -> None:
+    """Prove every patch: its Checks fail before it and pass after it; the suite passes at the end.
+
+    A fix whose Checks already pass before it (or that has none) is unproven. refactor and test
+    patches are held to the regression suite only. The report is also saved as JSON in the cache.
+    Exit 0 only when everything is proven.
+    """
+    from .targets import load_target
+    from .verify import print_verify_report, verify_target
+
+    report = verify_target(load_target(target_name), cache, component, source, repo_url, progress)
+    print_verify_report(report, as_json)
 
 
 def run() -> None:  # pragma: no cover - console entry point alias

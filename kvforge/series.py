@@ -196,14 +196,14 @@ def parse_patch(path: Path) -> Patch:
         if diff_lines[k] == "-- ":
             diff_lines = diff_lines[:k]
             break
+    _check_paths(patch, diff_lines, diff_start, bad)
     try:
         patch.files = list(unidiff.PatchSet("\n".join(diff_lines) + "\n"))
     except unidiff.UnidiffParseError as exc:
-        bad(patch.diff_line, f"diff does not parse: {exc}")
+        bad(patch.diff_line, f"diff does not parse: {str(exc).strip()}")
         return patch
     if not patch.files:
         bad(patch.diff_line, "diff changes no file")
-    _check_paths(patch, diff_lines, diff_start, bad)
     return patch
 
 

@@ -6,6 +6,7 @@ joins later), each with its own upstream, offline release source, series, platfo
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,11 @@ def targets_dir(root: Path | None = None) -> Path:
 
 
 def known_targets(root: Path | None = None) -> list[str]:
-    return sorted(p.stem for p in targets_dir(root).glob("*.toml"))
+    """Target names, releases in version order and moving branches (main) last."""
+    def key(name: str):
+        nums = [int(x) for x in re.findall(r"\d+", name)]
+        return (not nums, nums, name)
+    return sorted((p.stem for p in targets_dir(root).glob("*.toml")), key=key)
 
 
 def load_target(name: str, root: Path | None = None) -> Target:

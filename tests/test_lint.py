@@ -1,0 +1,148 @@
+"""`kvforge lint` and the patch parser: every defect is named with file and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kvforge.cli import main
+from kvforge.series import parse_patch, read_series
+
+GOOD_DIFF = """\
+---
+ a.txt | 2 +-
+ 1 file changed, 1 insertion(+), 1 deletion(-)
+
+diff --git a/a.txt b/a.txt
+index 0000000000000000000000000000000000000001..0000000000000000000000000000000000000002 100644
+--- a/a.txt
++++ b/a.txt
+@@ -1,3 +1,3 @@
+ one
+-two
++TWO
+ three
+"""
+
+
+def patch_text(trailer_block: str, diff: str = GOOD_DIFF, subject: str = "[Core] do a thing") -> str:
+    return (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: kvforge <kvforge@users.noreply.github.com>\n"
+        "Date: Sun, 22 Nov 2026 12:00:00 +0000\n"
+        f"Subject: [PATCH] {subject}\n\nBody paragraph.\n\n{trailer_block}{diff}"
+    )
+
+
+GOOD_TRAILERS = (
+    "Fix-Id: good-fix\n"
+    "Kind: fix\n"
+    "Upstream-Status: Backport [https://github.com/vllm-project/vllm/pull/1]\n"
+    "Upstream-PR: https://github.com/vllm-project/vllm/pull/1\n"
+    "Upstream-Commit: 588db1836\n"
+    "Why: because\n continued.\n"
+    "Drop-When: base-contains 588db1836\n"
+    "Checks: tests/v1/core/test_x.py::test_y\n"
+    "Signed-off-by: kvforge <kvforge@users.noreply.github.com>\n"
+)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def messages(patch) -> list[str]:
+    return [str(p) for p in patch.problems]
+
+
+def test_good_patch_parses_with_all_fields(tmp_path):
+    p = parse_patch(write(tmp_path, "0001-good.patch", patch_text(GOOD_TRAILERS)))
+    assert p.problems == []
+    assert p.fix_id == "good-fix"
+    assert p.subject == "[Core] do a thing"
+    assert p.value("Why") == "because continued."
+    assert p.checks == ["tests/v1/core/test_x.py::test_y"]
+    assert p.touched_paths == ["a.txt"]
+    assert p.hunk_at("a.txt", 1) == 1
+
+
+def test_malformed_header_is_named_with_line(tmp_path):
+    bad = GOOD_TRAILERS.replace("Upstream-Status: Backport [https://github.com/vllm-project/vllm/pull/1]",
+                                "Upstream-Status: Backport").replace("Kind: fix", "Kind: hotfix")
+    path = write(tmp_path, "0001-bad.patch", patch_text(bad))
+    msgs = messages(parse_patch(path))
+    assert any(m.startswith(f"{path}:10: Upstream-Status Backport needs [the upstream PR or commit]") for m in msgs), msgs
+    assert any(f"{path}:9: Kind 'hotfix'" in m for m in msgs), msgs
+
+
+def test_missing_required_and_bad_values(tmp_path):
+    block = ("Fix-Id: Not_A_Slug\nKind: fix\nUpstream-Status: Maybe\nUpstream-Commit: xyz\n"
+             "Drop-When: someday\nSigned-off-by: nobody\n")
+    msgs = "\n".join(messages(parse_patch(write(tmp_path, "0001-x.patch", patch_text(block)))))
+    for expected in ("missing required header 'Why:'", "Fix-Id 'Not_A_Slug'", "Upstream-Status 'Maybe'",
+                     "Upstream-Commit 'xyz'", "Drop-When 'someday'", "Signed-off-by 'nobody'",
+                     "Kind fix needs at least one 'Checks:'"):
+        assert expected in msgs
+
+
+def test_path_traversal_and_absolute_paths_are_refused(tmp_path):
+    evil = GOOD_DIFF.replace("a/a.txt b/a.txt", "a/../../etc/passwd b/../../etc/passwd") \
+                    .replace("--- a/a.txt", "--- a/../../etc/passwd").replace("+++ b/a.txt", "+++ b/../../etc/passwd")
+    msgs = messages(parse_patch(write(tmp_path, "0001-evil.patch", patch_text(GOOD_TRAILERS, evil))))
+    assert any("escapes the tree" in m and "etc/passwd" in m for m in msgs), msgs
+    absolute = GOOD_DIFF.replace("+++ b/a.txt", "+++ /tmp/a.txt")
+    msgs = messages(parse_patch(write(tmp_path, "0002-abs.patch", patch_text(GOOD_TRAILERS, absolute))))
+    assert any("'/tmp/a.txt' escapes the tree" in m for m in msgs), msgs
+
+
+def test_symlink_creation_is_refused(tmp_path):
+    link = ("---\n\ndiff --git a/l b/l\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/l\n"
+            "@@ -0,0 +1 @@\n+/etc\n\\ No newline at end of file\n")
+    msgs = messages(parse_patch(write(tmp_path, "0001-link.patch", patch_text(GOOD_TRAILERS, link))))
+    assert any("symbolic link" in m for m in msgs), msgs
+
+
+def test_unparseable_diff_is_reported(tmp_path):
+    broken = GOOD_DIFF.replace("@@ -1,3 +1,3 @@", "@@ -1,3 +1,9 @@")
+    msgs = messages(parse_patch(write(tmp_path, "0001-broken.patch", patch_text(GOOD_TRAILERS, broken))))
+    assert any("diff does not parse" in m for m in msgs), msgs
+
+
+def test_series_file_problems(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    write(d, "0001-a.patch", patch_text(GOOD_TRAILERS))
+    write(d, "0002-b.patch", patch_text(GOOD_TRAILERS + "Depends-On: later-fix\n"))  # same Fix-Id, bad dep
+    write(d, "0003-unlisted.patch", patch_text(GOOD_TRAILERS))
+    (d / "series").write_text("0001-a.patch\n# comment\n0002-b.patch\n0001-a.patch\nmissing.patch\n")
+    s = read_series(d)
+    msgs = "\n".join(str(p) for p in s.all_problems())
+    assert "series:4: 0001-a.patch is listed twice (first on line 1)" in msgs
+    assert "series:5: missing.patch does not exist" in msgs
+    assert "0003-unlisted.patch: patch file is not listed" in msgs
+    assert "Fix-Id 'good-fix' already used by 0001-a.patch" in msgs
+    assert "Depends-On 'later-fix' is not an earlier patch" in msgs
+
+
+def test_lint_cli_exit_codes(project):
+    runner = CliRunner()
+    res = runner.invoke(main, ["lint"])
+    assert res.exit_code == 0, res.output
+    write(project / "patches" / "t", "0001-bad.patch", patch_text(GOOD_TRAILERS.replace("Fix-Id: good-fix\n", "")))
+    (project / "patches" / "t" / "series").write_text("0001-bad.patch\n")
+    res = runner.invoke(main, ["lint", "--json"])
+    assert res.exit_code == 1
+    assert "missing required header 'Fix-Id:'" in res.output
+
+
+def test_the_project_series_lint_clean():
+    """The series we ship must lint clean (CI would fail the same way)."""
+    from kvforge.targets import load_all, project_root
+
+    for t in load_all(project_root()):
+        for c in t.components:
+            problems = read_series(c.series_dir).all_problems()
+            assert problems == [], "\n".join(map(str, problems))
