@@ -155,3 +155,50 @@ def test_unknown_target_lists_known_ones(project):
     res = kvforge("apply", "--target", "v9")
     assert res.exit_code == 2
     assert res.output.strip().splitlines()[-1] == "kvforge: error: unknown target 'v9'; known targets: t"
+
+
+def test_write_through_a_symlink_of_the_base_is_refused(tmp_path):
+    """A tree whose `docs` is a link to outside: a patch writing docs/x must not be applied."""
+    from kvforge.apply import ApplyFailure, am_series
+    from kvforge.bases import Base
+    from kvforge.series import parse_patch
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.txt").write_text("a\n")
+    (repo / "docs").symlink_to(tmp_path)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base with a link")
+    base_commit = git(repo, "rev-parse", "HEAD").strip()
+    # Made in a clone where docs is a real directory, so the diff itself looks harmless.
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / "a.txt").write_text("a\n")
+    git(other, "add", "-A")
+    git(other, "commit", "-qm", "base")
+    (other / "docs").mkdir()
+    (other / "docs" / "x").write_text("owned\n")
+    git(other, "add", "-A")
+    git(other, "commit", "-qm", f"[Core] write docs/x\n\nBody.\n\n{trailers_block()}")
+    patch = tmp_path / "0001-x.patch"
+    from kvforge.export import format_patch
+
+    patch.write_bytes(format_patch(other, "HEAD"))
+    parsed = parse_patch(patch)
+    assert parsed.problems == []  # the diff alone is fine: only the base shows the link
+    base = Base("c", "git", repo, "main", base_commit, "test")
+    try:
+        am_series(repo, [parsed], base)
+    except ApplyFailure as exc:
+        assert "docs is a symbolic link in the base" in str(exc)
+    else:
+        raise AssertionError("a write through a symlink was applied")
+    assert not (tmp_path / "x").exists()
+
+
+def trailers_block() -> str:
+    from helpers import trailers
+
+    return trailers("x-fix")
