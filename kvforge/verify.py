@@ -1,0 +1,259 @@
+"""Evidence per patch: each fix's Checks fail before it and pass after it; the suite passes at the end.
+
+For patch N of a series (Kind fix) the tree before it is the base plus patches 1..N-1 and the tree
+after it adds patch N. Every Checks test must fail or error before (a test file that does not exist
+yet counts as failing) and pass after. A fix with no Checks, or whose Checks already pass before
+it, proves nothing: it is "unproven" and verify fails. refactor and test patches are held to
+pass-to-pass only: the target's whole selection, plus every Checks test, passes on the fully
+patched tree.
+
+pytest runs once per tree state with every node needed there (patch N's "after" and patch N+1's
+"before" share a run); outcomes come from the JUnit XML each run writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from .bases import Progress
+from .cache import Cache
+from .errors import EXIT_TESTS, KvforgeError
+from .fsutil import atomic_write_text
+from .targets import Target
+from .testrun import RunResult, results_dir, run_properties, run_pytest, selection, summary_line, unique
+
+PLATFORM = "cpu"
+VERB = {"passed": "passes", "failed": "fails", "error": "errors", "skipped": "is skipped",
+        "missing": "is not in the tree"}
+
+
+@dataclass
+class CheckResult:
+    node: str
+    before: str | None  # passed | failed | error | skipped | missing; None: not run (refactor/test)
+    after: str | None
+    before_seconds: float = 0.0
+    after_seconds: float = 0.0
+    before_how: str = "in tree"  # in tree | from the patch (its new test file on the old tree) | absent
+    before_message: str = ""  # why it failed before (the evidence), or "" when it passed
+    after_message: str = ""
+
+
+@dataclass
+class PatchVerdict:
+    n: int
+    name: str
+    fix_id: str
+    kind: str
+    status: str  # proven | unproven | failing | pass-to-pass
+    reason: str = ""
+    in_base: bool = False
+    commit: str = ""
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("proven", "pass-to-pass")
+
+    def fail_before(self) -> tuple[int, int]:
+        return sum(c.before in ("failed", "error", "missing") for c in self.checks), len(self.checks)
+
+    def pass_after(self) -> tuple[int, int]:
+        return sum(c.after == "passed" for c in self.checks), len(self.checks)
+
+
+@dataclass
+class VerifyReport:
+    target: str
+    component: str
+    platform: str
+    base_ref: str
+    base: str
+    base_source: str
+    series: str
+    series_dir: str
+    env: str
+    patches: list[PatchVerdict] = field(default_factory=list)
+    regression: dict = field(default_factory=dict)
+    runs: list[dict] = field(default_factory=list)
+    ok: bool = False
+    seconds: float = 0.0
+    report: str = ""
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for p, v in zip(data["patches"], self.patches):
+            p["fail_before"], p["pass_after"] = list(v.fail_before()), list(v.pass_after())
+        return data
+
+    def problems(self) -> list[str]:
+        out = [f"{p.name}: {p.status}: {p.reason}" for p in self.patches if not p.ok]
+        if not self.regression.get("ok"):
+            out.append(f"regression suite: {self.regression.get('reason', 'failed')}")
+        return out
+
+
+def plan(patches, final_nodes: list[str], stack=None) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """Node ids to run at each tree state (0 = base, n = after patch n), and the files to overlay there.
+
+    A Checks file that patch n adds does not exist before it; rather than only calling it "failing",
+    it is put onto the tree before the patch (the old code with the new test), so the bug's trigger
+    is shown to fail there. Its outcome then stands for the patch: a test that passes on the old
+    code proves nothing.
+    """
+    needs: dict[int, list[str]] = {n: [] for n in range(len(patches) + 1)}
+    overlays: dict[int, list[str]] = {}
+    for n, p in enumerate(patches, 1):
+        if p.kind == "fix":
+            needs[n - 1] += p.checks
+            needs[n] += p.checks
+            if stack is not None:
+                for path in unique(c.split("::", 1)[0] for c in p.checks):
+                    if not stack.has(n - 1, path) and stack.has(n, path):
+                        overlays.setdefault(n - 1, []).append(path)
+    needs[len(patches)] += final_nodes
+    return {n: unique(nodes) for n, nodes in needs.items() if nodes}, overlays
+
+
+def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_base: bool, commit: str,
+          overlaid: list[str] = ()) -> PatchVerdict:
+    v = PatchVerdict(n, patch.name, patch.fix_id, patch.kind, "pass-to-pass", in_base=in_base, commit=commit)
+    if patch.kind != "fix":
+        v.reason = f"Kind {patch.kind}: held to the regression suite only"
+        return v
+    if not patch.checks:
+        v.status, v.reason = "unproven", "Kind fix with no Checks: nothing shows it fixes anything"
+        return v
+    for node in patch.checks:
+        b = before.outcome(node)
+        how = "from the patch" if node.split("::", 1)[0] in overlaid else ("absent" if b == "missing" else "in tree")
+        v.checks.append(CheckResult(node, b, after.outcome(node), before.seconds_of(node), after.seconds_of(node),
+                                    how, before.message_of(node), after.message_of(node)))
+    not_after = [c for c in v.checks if c.after != "passed"]
+    not_before = [c for c in v.checks if c.before not in ("failed", "error", "missing")]
+    if not_after:
+        v.status = "failing"
+        v.reason = "; ".join(f"{c.node} {VERB[c.after]} with the patch" for c in not_after)
+    elif not_before:
+        v.status = "unproven"
+        v.reason = "; ".join(f"{c.node} already {VERB[c.before]} before the patch" for c in not_before)
+        if in_base:
+            v.reason += " (the patch is already in the base)"
+    else:
+        v.status = "proven"
+    return v
+
+
+def verify_target(target: Target, cache: Cache, component: str | None = None, source: str = "auto",
+                  repo_url: str | None = None, progress: Progress | None = None) -> VerifyReport:
+    from .env import target_env
+    from .trees import open_stack
+
+    say = progress or (lambda _m: None)
+    start = time.monotonic()
+    comp = target.component(component)
+    stack = open_stack(target, cache, comp.name, source, repo_url, say)
+    patches = stack.series.patches
+    all_checks = unique(c for p in patches for c in p.checks)
+    final_nodes = selection(comp, PLATFORM, all_checks, target.path)
+    env = target_env(target, cache, comp.name, progress=say, base=stack.base)
+    env.check()
+    report = VerifyReport(target.name, comp.name, PLATFORM, stack.base.ref, stack.base.commit, stack.base.source,
+                          stack.digest, str(comp.series_dir), env.key)
+    rdir = results_dir(cache, target.name, comp.name, stack.digest) / "verify"
+    needs, overlays = plan(patches, final_nodes, stack)
+    runs: dict[int, RunResult] = {}
+    say(f"verifying {len(patches)} patches of {target.name} on {stack.base.ref} ({stack.base.commit[:12]}), "
+        f"series {stack.digest}: {len(needs)} pytest runs, env {env.key}")
+    with stack.lock(say):
+        for n, nodes in needs.items():
+            commit = stack.checkout(n)
+            state = "base" if n == 0 else f"after-{n}"
+            say(f"[{n}/{len(patches)}] {stack.label(n)} ({commit[:12]}): {len(nodes)} selectors")
+            if overlays.get(n):
+                stack.overlay(n + 1, overlays[n])
+                say(f"[{n}/{len(patches)}] with {', '.join(overlays[n])} from patch {n + 1} (its test on the old tree)")
+            run = run_pytest(env, stack.worktree, nodes, rdir / f"state-{n}.xml",
+                             run_properties(target, comp, stack, PLATFORM, state, commit), stack.label(n), commit)
+            runs[n] = run
+            say(f"[{n}/{len(patches)}] " + (summary_line(run) if run.exit_code is not None
+                                             else "nothing to run: the tests are not in this tree yet"))
+    report.runs = [runs[n].to_json() | {"state": n} for n in sorted(runs)]
+    empty = RunResult("", "", [])
+    for n, p in enumerate(patches, 1):
+        report.patches.append(judge(n, p, runs.get(n - 1, empty), runs.get(n, empty), stack.in_base(n),
+                                    stack.commits[n], overlays.get(n - 1, [])))
+    final = runs.get(len(patches), empty)
+    c = final.counts()
+    absent = final.not_in_tree + final.missing
+    reason = ""
+    if final.exit_code is None or not final.cases:
+        reason = "no tests ran"
+    elif c["failed"] or c["errors"]:
+        reason = f"{c['failed']} failed, {c['errors']} errors: " + "; ".join(final.problems(5))
+    elif absent:
+        reason = f"not in the patched tree: {', '.join(absent[:5])}"
+    report.regression = {"selection": list(comp.tests[PLATFORM]), "checks": all_checks, **c,
+                         "seconds": round(final.seconds, 2), "junit": str(final.junit) if final.junit else None,
+                         "commit": final.commit, "ok": not reason, "reason": reason, "problems": final.problems(50)}
+    report.ok = not reason and all(p.ok for p in report.patches)
+    report.seconds = time.monotonic() - start
+    path = rdir / "verify.json"
+    report.report = str(path)
+    atomic_write_text(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def _frac(pair: tuple[int, int], seconds: float) -> str:
+    return f"{pair[0]}/{pair[1]} ({seconds:.1f}s)" if pair[1] else "-"
+
+
+def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str], None] | None = None) -> None:
+    import click
+
+    from .report import emit_json, table
+
+    echo = out or click.echo
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        echo(f"{report.target}/{report.component}: {report.base_ref} ({report.base[:12]}, {report.base_source}) + "
+             f"series {report.series} ({len(report.patches)} patches), env {report.env}, {report.platform}")
+        if report.patches:
+            rows = []
+            for p in report.patches:
+                fb = _frac(p.fail_before(), sum(c.before_seconds for c in p.checks))
+                if p.checks and all(c.before == "missing" for c in p.checks):
+                    fb = f"{len(p.checks)}/{len(p.checks)} (absent)"
+                pa = _frac(p.pass_after(), sum(c.after_seconds for c in p.checks))
+                status = p.status + (" (in base)" if p.in_base else "")
+                rows.append([p.n, p.name, p.kind, fb, pa, status])
+            echo(table(["#", "patch", "kind", "fail-before", "pass-after", "result"], rows))
+        else:
+            echo("nothing to prove: the series is empty")
+        if any(c.before_how == "from the patch" for p in report.patches for c in p.checks):
+            echo("fail-before: a Checks file a patch adds is run on the tree before that patch (old code, new test)")
+        for p in report.patches:
+            if not p.ok:
+                echo(f"  {p.n}: {p.reason}")
+        r = report.regression
+        extra = f" + {len(r['checks'])} Checks" if r["checks"] else ""
+        where = "the patched tree" if report.patches else "the base tree"
+        echo(f"regression ({', '.join(r['selection'])}{extra}) on {where}: {r['passed']} passed, "
+             f"{r['failed']} failed, {r['errors']} errors, {r['skipped']} skipped in {r['seconds']:.1f}s"
+             + ("" if r["ok"] else f"  FAILED: {r['reason']}"))
+        echo(f"report: {report.report} ({len(report.runs)} pytest runs, {report.seconds:.1f}s)")
+    if not report.ok:
+        unproven = sum(p.status == "unproven" for p in report.patches)
+        failing = sum(p.status == "failing" for p in report.patches)
+        parts = [f"{unproven} unproven" if unproven else "", f"{failing} failing" if failing else "",
+                 "" if report.regression.get("ok") else "regression suite fails"]
+        raise KvforgeError(f"verify {report.target}: " + ", ".join(p for p in parts if p), EXIT_TESTS)
+    if not as_json:
+        proven = sum(p.status == "proven" for p in report.patches)
+        echo(f"verify {report.target}: OK: {proven} fix{'' if proven == 1 else 'es'} proven, regression suite passes"
+             if report.patches else f"verify {report.target}: OK: nothing to prove, regression suite passes")

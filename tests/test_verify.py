@@ -1,0 +1,320 @@
+"""`kvforge test` / `verify` / stacks on a tiny vLLM-like tree: real git, real patches, real pytest runs.
+
+The "upstream" is a small git repository with a package and its pytest tests; the test environment
+is this interpreter ($KVFORGE_TEST_PYTHON), so nothing is built. Each verify spawns one pytest
+process per tree state, as it does on vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import git, make_patch, write_series
+
+from kvforge.cli import main
+
+CORE = "vllm_like/core.py"
+TESTS = "tests/test_core.py"
+
+FILES = {
+    "pyproject.toml": "[tool.pytest.ini_options]\nmarkers = [\"cpu_test\"]\n",
+    "vllm_like/__init__.py": "",
+    CORE: "def double(x):\n    return 2 * x\n\n\ndef clamp(x, lo, hi):\n    return max(lo, x)\n",
+    TESTS: ("from vllm_like.core import double\n\n\ndef test_double():\n    assert double(2) == 4\n\n\n"
+            "def test_double_zero():\n    assert double(0) == 0\n"),
+}
+
+TARGET = """\
+name = "fake"
+description = "a vLLM-like tree for kvforge's own tests"
+
+[[components]]
+name = "vllm"
+repo = "https://invalid.invalid/vllm.git"
+ref = "v1"
+series = "patches/fake"
+platforms = ["cpu", "cuda"]
+
+[components.release]
+package = "vllm"
+version = "0.0.1"
+
+[components.tests]
+cpu = ["tests/test_core.py"]
+cuda = ["tests"]
+"""
+
+
+@dataclass
+class Fake:
+    root: Path
+    upstream: Path
+    base: str
+    cache: Path
+
+    def patch(self, name: str, edits: dict, kind: str = "fix", checks: tuple[str, ...] = (), start: str | None = None,
+              subject: str | None = None) -> str:
+        extra = "".join(f"Checks: {c}\n" for c in checks)
+        fix_id = name.split("-", 1)[1]
+        _, commit = make_patch(self.upstream, start or self.base, edits, subject or f"[Core] {fix_id}", fix_id,
+                               self.root / "patches" / "fake" / f"{name}.patch", kind=kind, extra=extra)
+        return commit
+
+    def series(self, *names: str) -> None:
+        write_series(self.root, *(f"{n}.patch" for n in names), target="fake")
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch) -> Fake:
+    upstream = tmp_path / "upstream"
+    for rel, text in FILES.items():
+        (upstream / rel).parent.mkdir(parents=True, exist_ok=True)
+        (upstream / rel).write_text(text)
+    git(upstream, "init", "-q")
+    git(upstream, "add", "-A")
+    git(upstream, "commit", "-qm", "v1")
+    git(upstream, "tag", "v1")
+    root = tmp_path / "project"
+    (root / "targets").mkdir(parents=True)
+    (root / "patches" / "fake").mkdir(parents=True)
+    (root / "targets" / "fake.toml").write_text(TARGET)
+    (root / "patches" / "fake" / "series").write_text("")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KVFORGE_ROOT", str(root))
+    monkeypatch.setenv("KVFORGE_CACHE", str(cache))
+    monkeypatch.setenv("KVFORGE_VLLM_REPO", str(upstream))
+    monkeypatch.setenv("KVFORGE_OFFLINE", "1")
+    monkeypatch.setenv("KVFORGE_TEST_PYTHON", sys.executable)
+    return Fake(root, upstream, git(upstream, "rev-parse", "HEAD").strip(), cache)
+
+
+def kvforge(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def errline(res) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kvforge: error:")]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+CLAMP_FIX = {
+    CORE: ("return max(lo, x)", "return min(hi, max(lo, x))"),
+    "tests/test_kvforge_clamp.py": ("", "from vllm_like.core import clamp\n\n\ndef test_clamp_upper():\n"
+                                        "    assert clamp(5, 0, 3) == 3\n"),
+    TESTS: ("def test_double_zero():", "def test_clamp_in_core():\n    from vllm_like.core import clamp\n\n"
+                                       "    assert clamp(9, 0, 4) == 4\n\n\ndef test_double_zero():"),
+}
+CLAMP_CHECKS = ("tests/test_kvforge_clamp.py::test_clamp_upper", "tests/test_core.py::test_clamp_in_core")
+
+
+def test_verify_proves_fix_and_records_per_patch_evidence(fake):
+    fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.series("0001-clamp-upper")
+    res = kvforge("verify", "--target", "fake", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    (p,) = report["patches"]
+    assert p["status"] == "proven" and p["fail_before"] == [2, 2] and p["pass_after"] == [2, 2]
+    # A test file the patch adds runs on the tree before it (old code, new test) and fails there; a test
+    # it adds to an existing file is not in the old tree: both count as failing before.
+    before = {c["node"]: (c["before"], c["before_how"]) for c in p["checks"]}
+    assert before == {CLAMP_CHECKS[0]: ("failed", "from the patch"), CLAMP_CHECKS[1]: ("missing", "absent")}
+    assert "assert 5 == 3" in p["checks"][0]["before_message"] and p["checks"][0]["after_message"] == ""
+    assert report["regression"]["ok"] and report["regression"]["passed"] == 4  # 2 selection + 2 Checks
+    assert [r["state"] for r in report["runs"]] == [0, 1]  # one pytest run per tree state
+    assert Path(report["report"]).is_file() and json.loads(Path(report["report"]).read_text())["ok"]
+    human = kvforge("verify", "--target", "fake")
+    assert human.exit_code == 0 and "proven" in human.stdout and "verify fake: OK" in human.stdout
+
+
+def test_checks_that_pass_on_the_base_are_unproven(fake):
+    fake.patch("0001-already-fine", {CORE: ("def double(x):", "def double(x):  # twice")},
+               checks=("tests/test_core.py::test_double",))
+    fake.series("0001-already-fine")
+    res = kvforge("verify", "--target", "fake", "--json")
+    assert res.exit_code == 4
+    (p,) = json.loads(res.stdout)["patches"]
+    assert p["status"] == "unproven" and "already passes before the patch" in p["reason"]
+    assert p["checks"][0]["before"] == "passed" and p["checks"][0]["after"] == "passed"
+    assert "1 unproven" in errline(res)
+
+
+def test_new_test_that_passes_on_the_old_tree_is_unproven(fake):
+    fake.patch("0001-no-trigger", {CORE: ("return max(lo, x)", "return min(hi, max(lo, x))"),
+                                   "tests/test_kvforge_no_trigger.py": ("", "from vllm_like.core import clamp\n\n\n"
+                                                                            "def test_in_range():\n"
+                                                                            "    assert clamp(2, 0, 3) == 2\n")},
+               checks=("tests/test_kvforge_no_trigger.py::test_in_range",))
+    fake.series("0001-no-trigger")
+    res = kvforge("verify", "--target", "fake", "--json")
+    assert res.exit_code == 4
+    (p,) = json.loads(res.stdout)["patches"]
+    assert p["status"] == "unproven" and p["checks"][0]["before"] == "passed"
+    assert p["checks"][0]["before_how"] == "from the patch"
+
+
+def test_checks_that_fail_after_the_patch_are_failing(fake):
+    fake.patch("0001-wrong-fix", {"tests/test_kvforge_wrong.py": ("", "from vllm_like.core import double\n\n\n"
+                                                                      "def test_wrong():\n    assert double(2) == 5\n")},
+               checks=("tests/test_kvforge_wrong.py::test_wrong",))
+    fake.series("0001-wrong-fix")
+    res = kvforge("verify", "--target", "fake", "--json")
+    assert res.exit_code == 4
+    report = json.loads(res.stdout)
+    (p,) = report["patches"]
+    assert p["status"] == "failing" and p["checks"][0]["after"] == "failed"
+    assert not report["regression"]["ok"]  # the Checks run with the suite at the end too
+    assert "1 failing" in errline(res)
+
+
+def test_collection_error_before_counts_as_failing_and_test_patches_are_pass_to_pass(fake):
+    triple_test = "from vllm_like.core import triple\n\n\ndef test_triple():\n    assert triple(2) == 6\n"
+    c1 = fake.patch("0001-triple-test", {"tests/test_kvforge_triple.py": ("", triple_test)}, kind="test")
+    fake.patch("0002-triple", {CORE: ("def clamp(", "def triple(x):\n    return 3 * x\n\n\ndef clamp(")},
+               checks=("tests/test_kvforge_triple.py::test_triple",), start=c1)
+    fake.series("0001-triple-test", "0002-triple")
+    res = kvforge("verify", "--target", "fake", "--json")
+    assert res.exit_code == 0, res.output
+    p1, p2 = json.loads(res.stdout)["patches"]
+    assert p1["status"] == "pass-to-pass" and p1["checks"] == []
+    assert p2["status"] == "proven" and p2["checks"][0]["before"] == "error"  # ImportError at collection
+    assert p2["checks"][0]["before_message"].startswith("collection error")
+
+
+def test_empty_series_has_nothing_to_prove(fake):
+    res = kvforge("verify", "--target", "fake")
+    assert res.exit_code == 0, res.output
+    assert "nothing to prove" in res.stdout and "2 passed" in res.stdout
+
+
+def test_fix_without_checks_is_unproven():
+    from kvforge.testrun import RunResult
+    from kvforge.verify import judge
+
+    class P:
+        name, fix_id, kind, checks = "0001-x.patch", "x", "fix", []
+
+    v = judge(1, P(), RunResult("", "", []), RunResult("", "", []), False, "c")
+    assert v.status == "unproven" and not v.ok
+
+
+def test_test_writes_junit_with_properties_on_every_testcase(fake):
+    fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.series("0001-clamp-upper")
+    res = kvforge("test", "--target", "fake", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["ok"] and data["run"]["passed"] == 4 and data["state"] == "patched"
+    root = ET.parse(data["run"]["junit"]).getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == 4
+    for tc in cases:
+        props = {p.get("name"): p.get("value") for p in tc.findall("properties/property")}
+        assert props["target"] == "fake" and props["platform"] == "cpu"
+        assert props["base"] == fake.base and props["series"] == data["series"]
+        assert props["nodeid"].startswith("tests/")
+    # ...and kvforge's own parser reads the same file back.
+    from kvforge.testrun import parse_junit
+
+    parsed, suite = parse_junit(Path(data["run"]["junit"]))
+    assert {c.outcome for c in parsed} == {"passed"} and suite["series"] == [data["series"]]
+    assert "tests/test_kvforge_clamp.py::test_clamp_upper" in {c.nodeid for c in parsed}
+
+
+def test_test_on_base_skips_checks_the_base_lacks(fake):
+    fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.series("0001-clamp-upper")
+    res = kvforge("test", "--target", "fake", "--base", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["state"] == "base" and data["run"]["passed"] == 2
+    assert sorted(data["skipped_checks"]) == sorted(CLAMP_CHECKS)
+    assert "not in the base tree" in res.stderr
+
+
+def test_test_exits_4_on_failures_and_when_nothing_ran(fake):
+    fake.patch("0001-wrong-fix", {"tests/test_kvforge_wrong.py": ("", "def test_wrong():\n    assert 1 == 2\n")},
+               checks=("tests/test_kvforge_wrong.py::test_wrong",))
+    fake.series("0001-wrong-fix")
+    res = kvforge("test", "--target", "fake")
+    assert res.exit_code == 4
+    assert "FAILED tests/test_kvforge_wrong.py::test_wrong" in res.stdout and "1 failed" in errline(res)
+    none = kvforge("test", "--target", "fake", "-k", "no_such_test_name")
+    assert none.exit_code == 4 and "no tests ran" in errline(none)
+
+
+def test_hardware_platforms_print_the_command_and_never_pass(fake):
+    res = kvforge("test", "--target", "fake", "--platform", "cuda")
+    assert res.exit_code == 5
+    assert "kvforge apply --target fake" in res.stdout and "python -m pytest" in res.stdout
+    assert "not run" in errline(res)
+    npu = kvforge("test", "--target", "fake", "--platform", "npu")
+    assert npu.exit_code == 2 and "no npu tests" in errline(npu)
+
+
+def test_missing_env_python_is_an_environment_error(fake, monkeypatch):
+    monkeypatch.setenv("KVFORGE_TEST_PYTHON", str(fake.root / "no-env" / "bin" / "python"))
+    res = kvforge("verify", "--target", "fake")
+    assert res.exit_code == 5 and "does not exist" in errline(res)
+
+
+def test_import_failure_in_the_tree_is_an_environment_error(fake):
+    fake.patch("0001-needs-module", {"tests/conftest.py": ("", "import kvforge_no_such_module  # noqa\n")},
+               kind="refactor")
+    fake.series("0001-needs-module")
+    res = kvforge("test", "--target", "fake")
+    assert res.exit_code == 5
+    line = errline(res)
+    assert "pytest could not run" in line and "kvforge_no_such_module" in line
+
+
+def test_patch_that_does_not_apply_is_a_clear_error(fake):
+    other = git(fake.upstream, "commit-tree", "-p", fake.base, "-m", "elsewhere",
+                git(fake.upstream, "rev-parse", f"{fake.base}^{{tree}}").strip()).strip()
+    moved = fake.patch("0000-moved", {CORE: ("return max(lo, x)", "return max(lo, x)  # moved")}, kind="refactor",
+                       start=other)
+    fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS, start=moved)
+    (fake.root / "patches" / "fake" / "0000-moved.patch").unlink()
+    fake.series("0001-clamp-upper")
+    res = kvforge("verify", "--target", "fake")
+    assert res.exit_code == 3
+    assert "0001-clamp-upper.patch" in errline(res) and CORE in errline(res)
+
+
+def test_stack_reuses_one_worktree_and_records_each_patch(fake):
+    from kvforge.cache import Cache
+    from kvforge.targets import load_target
+    from kvforge.trees import open_stack
+
+    c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.patch("0002-double-doc", {CORE: ("def double(x):", "def double(x):  # twice")}, kind="refactor", start=c1)
+    fake.series("0001-clamp-upper", "0002-double-doc")
+    target, cache = load_target("fake"), Cache(fake.cache)
+    stack = open_stack(target, cache)
+    assert stack.built and len(stack.commits) == 3 and stack.commits[0] == fake.base
+    again = open_stack(target, cache)
+    assert not again.built and again.commits == stack.commits and again.worktree == stack.worktree
+    refs = git(stack.base.repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kvforge/stacks/")
+    assert len(refs.splitlines()) == 3 and f"refs/kvforge/stacks/fake/vllm/{stack.digest}/2 {stack.commits[2]}" in refs
+    stack.checkout(0)
+    assert not (stack.worktree / "tests/test_kvforge_clamp.py").exists()
+    (stack.worktree / "leftover.txt").write_text("x")
+    stack.checkout(2)
+    assert "# twice" in (stack.worktree / CORE).read_text() and not (stack.worktree / "leftover.txt").exists()
+    stack.checkout(1)
+    assert "# twice" not in (stack.worktree / CORE).read_text()
+    assert (stack.worktree / "tests/test_kvforge_clamp.py").is_file()
+    # A changed series gets a new stack and the old one's refs are dropped.
+    (fake.root / "patches" / "fake" / "0002-double-doc.patch").unlink()
+    fake.series("0001-clamp-upper")
+    third = open_stack(load_target("fake"), cache)
+    refs = git(stack.base.repo, "for-each-ref", "--format=%(refname)", "refs/kvforge/stacks/").split()
+    assert third.built and third.digest != stack.digest and len(refs) == 2
