@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
-from .errors import EXIT_USAGE, KvforgeError
+from .errors import EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .report import emit_json, table
 
 
@@ -354,6 +355,58 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, source: st
 
     report = verify_target(load_target(target_name), cache, component, source, repo_url, progress)
     print_verify_report(report, as_json)
+
+
+@main.group("bench")
+def bench_group() -> None:
+    """Measure a target's base and patched trees by replaying workloads through vLLM's own code."""
+
+
+@bench_group.command("prefix-cache")
+@target_option
+@component_option
+@click.option("--scenario", "scenario_spec", default="all", show_default=True, metavar="NAME|all",
+              help="dsv4-resend, dsv4-repeat, gemma4-dflash, gptoss-eagle, external-hit (NAME/VARIANT for one "
+                   "variant, commas for several), or all.")
+@click.option("--scale", type=float, default=BENCH_DEFAULT_SCALE, show_default=True,
+              help="Shrink tokens, pool and step budget together (1 = the sizes of the bug reports).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of per-request hit rates, base vs patched (needs matplotlib: kvforge[plot]).")
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None, scenario_spec: str, scale: float,
+                           seed: int, plot_path: Path | None, source: str, repo_url: str | None,
+                           as_json: bool) -> None:
+    """Prefix-cache hit rates of the base and the patched tree, from vLLM's own counters.
+
+    Each tree's real scheduler (built as vLLM's engine core builds it, with a hand-built hybrid
+    KV cache config) replays the workloads of the bug reports with synthetic model outputs; the
+    table shows vLLM's prefix-cache hit rate, the ceiling the workload allows, block-table
+    invariant violations and wall time. Results are kept in the cache as JSON. The goals of the
+    bug reports are checked on the patched tree and printed; they do not change the exit status.
+    Exit 4 when a scenario could not run on a tree (its error is in the table).
+    """
+    from .bench.prefix_cache import bench_prefix_cache, check_plot_available, print_bench, write_plot
+    from .targets import load_target
+
+    if plot_path is not None:
+        check_plot_available()
+    result = bench_prefix_cache(load_target(target_name), cache, scenario_spec, scale, seed, component, source,
+                                repo_url, progress)
+    if plot_path is not None:
+        write_plot(result.rows, result.states, plot_path,
+                   f"{result.target}: prefix-cache hit rate per request (scale {result.scale:g})")
+        result.files.append(str(plot_path))
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        print_bench(result, click.echo)
+    if result.errors:
+        sys.exit(EXIT_TESTS)
 
 
 def run() -> None:  # pragma: no cover - console entry point alias

@@ -1,0 +1,427 @@
+"""`kvforge bench prefix-cache`: prefix-cache hit rates of the base and the patched tree.
+
+Each tree's real vLLM scheduler replays the scenarios (kvforge/bench/replay.py, run by the target's
+test environment with cwd = the tree root, so `import vllm` is that tree). The hit rates are vLLM's
+own PrefixCacheStats counters; the ceiling is what the workload allows (an unbounded cache); the
+replay also checks block-table invariants. This module runs the replays, aggregates, and renders
+the table, the JSON document and the optional plot.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import DEFAULT_SCALE
+from ..cache import Cache
+from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
+from ..fsutil import atomic_write_text
+from ..report import table
+
+Progress = Callable[[str], None]
+REPLAY = Path(__file__).resolve().with_name("replay.py")
+STATES = ("base", "patched")
+
+# Goals from the issue; checked on the patched tree.
+RESEND_MIN = 0.99  # dsv4-resend: A.3 hit rate
+REPEAT_MAX_GAP = 0.005  # dsv4-repeat: within 0.5 points of the ceiling
+NO_REGRESSION_GAP = 0.001  # controls: patched >= base - 0.1 points
+
+
+def replay_module():
+    """replay.py as a module (its top level needs only the standard library)."""
+    mod = sys.modules.get("kvforge_bench_replay")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("kvforge_bench_replay", REPLAY)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["kvforge_bench_replay"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_scenarios(spec: str) -> list[tuple[str, str]]:
+    try:
+        return replay_module().parse_runs(spec)
+    except ValueError as exc:
+        raise KvforgeError(f"--scenario: {exc}", EXIT_USAGE) from None
+
+
+def run_label(name: str, variant: str) -> str:
+    return name + (f"/{variant}" if variant else "")
+
+
+# ---------------------------------------------------------------- aggregation (pure)
+
+def _rate(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def summarize(res: dict) -> dict:
+    """The numbers one replay result contributes to the table."""
+    reqs = res["requests"]
+    prompt = sum(r["prompt_tokens"] for r in reqs)
+    admitted = sum(r["hit_tokens"] for r in reqs)
+    ceiling = res["ceiling"]["hits"]
+    overall = res["overall"]
+    v = res["violations"]
+    ext = res.get("external") or None
+    return {
+        "scenario": res["scenario"],
+        "variant": res["variant"],
+        "vllm": res["features"].get("vllm_version"),
+        "requests": len(reqs),
+        "steps": res["steps"],
+        "hits": overall.get("hits", 0),
+        "queries": overall.get("queries", 0),
+        "hit_rate": _rate(overall.get("hits", 0), overall.get("queries", 0)),
+        "admitted_hits": admitted,
+        "prompt_tokens": prompt,
+        "admitted_rate": _rate(admitted, prompt),
+        "ceiling_hits": ceiling,
+        "ceiling_rate": _rate(ceiling, prompt),
+        "of_ceiling": _rate(admitted, ceiling),
+        "violations": sum(v["counts"].values()),
+        "violation_kinds": dict(v["counts"]),
+        "block_ids_in_two_groups": v["block_ids_in_two_groups"],
+        "trigger_held": ext.get("trigger_held") if ext else None,
+        "external_allocations": ext.get("allocations_with_external_tokens") if ext else None,
+        "probe_errors": list(ext.get("probe_errors", [])) if ext else [],
+        "points": len(res.get("points") or []) or None,
+        "replay_seconds": res["seconds"]["replay"],
+        "per_request": [
+            {"label": r["label"], "hit": r["hit_tokens"], "prompt": r["prompt_tokens"],
+             "ceiling": r["ceiling_tokens"], **({"point": r["point"]} if "point" in r else {})}
+            for r in reqs
+        ],
+    }
+
+
+def aggregate(docs: dict[str, dict]) -> list[dict]:
+    """{state: replay document} -> one row per scenario/variant with a summary per state."""
+    order: list[tuple[str, str]] = []
+    by_state: dict[str, dict[tuple[str, str], dict]] = {}
+    errors: dict[str, dict[tuple[str, str], str]] = {}
+    for state, doc in docs.items():
+        by_state[state] = {}
+        for res in doc.get("results", []):
+            key = (res["scenario"], res["variant"])
+            by_state[state][key] = summarize(res)
+            if key not in order:
+                order.append(key)
+        errors[state] = {}
+        for err in doc.get("errors", []):
+            key = (err["scenario"], err["variant"])
+            errors[state][key] = err["error"]
+            if key not in order:
+                order.append(key)
+    rows = []
+    for key in order:
+        row = {"scenario": key[0], "variant": key[1], "label": run_label(*key)}
+        for state in docs:
+            row[state] = by_state[state].get(key)
+            if key in errors[state]:
+                row[f"{state}_error"] = errors[state][key]
+        rows.append(row)
+    return rows
+
+
+def request_rate(summary: dict | None, label: str) -> float | None:
+    if not summary:
+        return None
+    for r in summary["per_request"]:
+        if r["label"] == label:
+            return _rate(r["hit"], r["prompt"])
+    return None
+
+
+def goals(rows: list[dict], state: str = "patched") -> list[dict]:
+    """The issue's goals, judged on one tree (the patched one unless it has no patches)."""
+    out = []
+    for row in rows:
+        s, b = row.get(state), row.get("base")
+        if s is None:
+            continue
+        name = row["label"]
+
+        def add(goal: str, ok: bool, value: str) -> None:
+            out.append({"scenario": name, "goal": goal, "ok": bool(ok), "value": value})
+
+        if row["scenario"] == "dsv4-resend":
+            a3 = request_rate(s, "A.3")
+            add(f"A.3 hit rate >= {RESEND_MIN:.0%}", a3 is not None and a3 >= RESEND_MIN, _pct(a3))
+        elif row["scenario"] == "dsv4-repeat":
+            gap = (s["ceiling_rate"] or 0) - (s["admitted_rate"] or 0)
+            add(f"within {REPEAT_MAX_GAP * 100:.1f} points of the ceiling", gap <= REPEAT_MAX_GAP,
+                f"{gap * 100:.2f} points below")
+        elif row["scenario"] == "external-hit":
+            held = s["trigger_held"]
+            add("no block id in two groups", s["block_ids_in_two_groups"] == 0,
+                f"{s['block_ids_in_two_groups']} ids; trigger held for {held} requests"
+                + ("" if held else " (not exercised)"))
+        if b is not None and state != "base" and row["scenario"] in ("gptoss-eagle", "gemma4-dflash"):
+            drop = (b["admitted_rate"] or 0) - (s["admitted_rate"] or 0)
+            add("no regression against base", drop <= NO_REGRESSION_GAP,
+                f"{_pct(s['admitted_rate'])} vs {_pct(b['admitted_rate'])}")
+        add("no invariant violations", s["violations"] == 0,
+            ", ".join(f"{k} {v}" for k, v in s["violation_kinds"].items()) or "none")
+    return out
+
+
+def _pct(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def _viol(s: dict) -> str:
+    if not s["violations"]:
+        text = "0"
+    else:
+        kinds = s["violation_kinds"]
+        parts = []
+        if s["block_ids_in_two_groups"]:
+            parts.append(f"{s['block_ids_in_two_groups']} ids in 2 groups")
+        parts += [f"{v} {k.replace('_', ' ')}" for k, v in kinds.items() if k != "block_in_two_groups"]
+        text = ", ".join(parts)
+    if s["trigger_held"] is not None:
+        text += f" (trigger {s['trigger_held']}/{s['external_allocations']})"
+    if s.get("probe_errors"):
+        text += " (trigger probe failed)"
+    return text
+
+
+def render(rows: list[dict], states: list[str]) -> str:
+    """The scenario x tree table, then per-request detail for small scenarios."""
+    body = []
+    for row in rows:
+        for i, state in enumerate(states):
+            s = row.get(state)
+            first = row["label"] if i == 0 else ""
+            if s is None:
+                body.append([first, state, "error", "", "", "", row.get(f"{state}_error", "missing"), ""])
+                continue
+            body.append([first, state, _pct(s["hit_rate"]), _pct(s["admitted_rate"]), _pct(s["ceiling_rate"]),
+                         _pct(s["of_ceiling"], 1), _viol(s), f"{s['replay_seconds']:.1f}"])
+    out = [table(["scenario", "tree", "hit (vLLM)", "per-request", "ceiling", "of ceiling", "violations",
+                  "wall s"], body)]
+    for row in rows:
+        summaries = [row.get(st) for st in states]
+        if not all(summaries) or summaries[0]["requests"] > 8 or summaries[0]["points"]:
+            continue
+        detail = []
+        for i, r in enumerate(summaries[0]["per_request"]):
+            cells = [r["label"], f"{r['prompt']:,}"]
+            for s in summaries:
+                pr = s["per_request"][i]
+                cells.append(f"{pr['hit']:,} ({_pct(_rate(pr['hit'], pr['prompt']))})")
+            cells.append(f"{r['ceiling']:,} ({_pct(_rate(r['ceiling'], r['prompt']))})")
+            detail.append(cells)
+        out.append(f"\n{row['label']}, per request (hit tokens):\n"
+                   + table(["request", "tokens", *states, "ceiling"], detail))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- plot
+
+def check_plot_available() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise KvforgeError("--plot needs matplotlib, which is not installed; "
+                           "install kvforge's plot extra: pip install 'kvforge[plot]'", EXIT_USAGE) from None
+
+
+def write_plot(rows: list[dict], states: list[str], path: Path, title: str) -> None:
+    """Per-request hit rate, base vs patched, with the ceiling: one panel per scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if any(r.get(s) for s in states)]
+    if not rows:
+        raise KvforgeError("nothing to plot: no scenario produced results", EXIT_USAGE)
+    cols = 2 if len(rows) > 1 else 1
+    nrows = (len(rows) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.2 * nrows), squeeze=False)
+    styles = {"base": dict(marker="o", linestyle="none", markersize=3, color="tab:red"),
+              "patched": dict(marker="x", linestyle="none", markersize=3, color="tab:blue")}
+    for ax, row in zip(axes.flat, rows):
+        ref = next(row[s] for s in states if row.get(s))
+        xs = list(range(len(ref["per_request"])))
+        ax.plot(xs, [100 * (_rate(r["ceiling"], r["prompt"]) or 0) for r in ref["per_request"]],
+                color="0.55", marker="_", markersize=7, linestyle="none", label="ceiling")
+        for state in states:
+            s = row.get(state)
+            if s:
+                ax.plot(xs, [100 * (_rate(r["hit"], r["prompt"]) or 0) for r in s["per_request"]],
+                        label=f"{state} ({_pct(s['admitted_rate'], 1)})", **styles.get(state, {}))
+        ax.set_title(row["label"], fontsize=10)
+        ax.set_xlabel("request (submission order)", fontsize=8)
+        ax.set_ylabel("prefix-cache hit %", fontsize=8)
+        ax.set_ylim(-5, 105)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- running
+
+@dataclass
+class TreeRun:
+    state: str
+    commit: str
+    doc: dict
+    seconds: float
+    out: Path
+
+
+@dataclass
+class BenchResult:
+    target: str
+    component: str
+    scale: float
+    seed: int
+    scenarios: list[str]
+    env: str
+    trees: list[TreeRun] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    goals: list[dict] = field(default_factory=list)
+    note: str = ""
+    files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def states(self) -> list[str]:
+        return [t.state for t in self.trees]
+
+    @property
+    def errors(self) -> list[tuple[str, str, str]]:
+        """(scenario, tree, error) for every scenario that could not run."""
+        return [(r["label"], st, r[f"{st}_error"]) for r in self.rows for st in self.states if f"{st}_error" in r]
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target, "component": self.component, "scale": self.scale, "seed": self.seed,
+            "scenarios": self.scenarios, "env": self.env, "note": self.note, "seconds": round(self.seconds, 1),
+            "trees": {t.state: {"commit": t.commit, "seconds": round(t.seconds, 1), "result_file": str(t.out),
+                                "vllm": next((r["features"].get("vllm_version") for r in t.doc.get("results", [])),
+                                             None)}
+                      for t in self.trees},
+            "rows": self.rows, "goals": self.goals, "files": self.files,
+            "errors": [{"scenario": s, "tree": t, "error": e} for s, t, e in self.errors],
+        }
+
+
+def run_replay(python: Path, environ: dict[str, str], tree: Path, runs: list[tuple[str, str]], scale: float,
+               seed: int, out: Path, label: str, progress: Progress) -> dict:
+    """Run replay.py in `tree` with the environment's python; stream its progress; return its document."""
+    cmd = [str(python), str(REPLAY), "--scenario", ",".join(run_label(*r) for r in runs), "--scale", repr(scale),
+           "--seed", str(seed), "--out", str(out)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    log = out.with_suffix(".log")
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    try:
+        proc = subprocess.Popen(cmd, cwd=tree, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, errors="replace")
+    except OSError as exc:
+        raise KvforgeError(f"{python}: cannot run the target's python: {exc.strerror}", EXIT_ENV) from None
+    with open(log, "w", encoding="utf-8") as fh:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            fh.write(line)
+            line = line.rstrip("\n")
+            if line.startswith("replay: "):
+                progress(f"[{label}] {line[len('replay: '):]}")
+            elif line.strip():
+                tail.append(line)
+    rc = proc.wait()
+    if rc != 0 or not out.is_file():
+        last = next((ln for ln in reversed(tail) if ln.strip()), f"exit status {rc}")
+        raise KvforgeError(f"replay on the {label} tree failed: {last.strip()} (log: {log})", EXIT_ENV)
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def bench_prefix_cache(target, cache: Cache, scenario_spec: str = "all", scale: float = DEFAULT_SCALE,
+                       seed: int = 0, component: str | None = None, source: str = "auto",
+                       repo_url: str | None = None, progress: Progress | None = None) -> BenchResult:
+    """Replay the scenarios on the target's base and patched trees; aggregate."""
+    from ..env import target_env
+    from ..trees import open_stack
+
+    say = progress or (lambda _m: None)
+    if not scale > 0:
+        raise KvforgeError(f"--scale must be > 0 (got {scale})", EXIT_USAGE)
+    runs = parse_scenarios(scenario_spec)
+    start = time.monotonic()
+    comp = target.component(component)
+    stack = open_stack(target, cache, comp.name, source, repo_url, say)
+    env = target_env(target, cache, comp.name, progress=say, base=stack.base)
+    env.check()
+    result = BenchResult(target.name, comp.name, scale, seed, [run_label(*r) for r in runs], env.key)
+    states = [("base", 0)]
+    if stack.size and not all(stack.in_base(n) for n in range(1, stack.size + 1)):
+        states.append(("patched", stack.size))
+    else:
+        result.note = (f"{comp.series_dir.name}: no patch changes the base; the base tree is the patched tree"
+                       if stack.size else f"{comp.series_dir.name}: empty series; the base tree is the patched tree")
+        say(result.note)
+    outdir = cache.results / "bench" / target.name / (
+        f"prefix-cache-{stack.base.commit[:12]}-{stack.digest[:12]}-s{scale:g}-seed{seed}")
+    environ = env.environ()
+    with stack.lock(say):
+        for state, n in states:
+            commit = stack.checkout(n)
+            say(f"replaying {len(runs)} scenario(s) on the {state} tree of {target.name} ({commit[:12]}), "
+                f"scale {scale:g}")
+            t0 = time.monotonic()
+            doc = run_replay(env.python, environ, stack.worktree, runs, scale, seed, outdir / f"{state}.json",
+                             state, say)
+            result.trees.append(TreeRun(state, commit, doc, time.monotonic() - t0, outdir / f"{state}.json"))
+            result.files.append(str(outdir / f"{state}.json"))
+    docs = {t.state: t.doc for t in result.trees}
+    result.rows = aggregate(docs)
+    result.goals = goals(result.rows, result.states[-1])
+    result.seconds = time.monotonic() - start
+    summary = outdir / "summary.json"
+    atomic_write_text(summary, json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) + "\n")
+    result.files.append(str(summary))
+    return result
+
+
+def print_bench(result: BenchResult, echo: Callable[[str], None]) -> None:
+    states = result.states
+    head = (f"{result.target}/{result.component}: prefix-cache replay, scale {result.scale:g}, seed {result.seed}; "
+            + ", ".join(f"{t.state} {t.commit[:12]} ({t.seconds:.0f}s)" for t in result.trees))
+    echo(head)
+    if result.note:
+        echo(result.note)
+    echo("")
+    echo(render(result.rows, states))
+    echo("")
+    judged = states[-1]
+    for g in result.goals:
+        echo(f"{'ok  ' if g['ok'] else 'MISS'} {g['scenario']} ({judged}): {g['goal']}: {g['value']}")
+    for label, st, err in result.errors:
+        echo(f"error {label} ({st}): {err}")
+    echo("")
+    echo("hit (vLLM): prefix_cache_hits / prefix_cache_queries summed over the run (every lookup, as the log "
+         "line and the metrics count them); per-request: the admitted lookup of each request over its prompt "
+         "tokens; ceiling: what an unbounded cache could serve; of ceiling: per-request hits / ceiling hits.")
+    echo("results: " + ", ".join(result.files))
