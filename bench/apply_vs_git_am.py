@@ -143,8 +143,10 @@ def main() -> int:
                 cleanup(base.repo, d2, f"bench/{name}-{i}")
             am, kv = statistics.median(am_times), statistics.median(kv_times)
             rows.append([name, len(patches), lines, f"{am:.3f}", f"{kv:.3f}", f"{kv / am:.2f}x"])
-        print(f"vLLM v0.20.2 base ({base.commit[:12]}); import cold {base_cold:.2f}s"
-              f"{' (was cached)' if base.cached else ''}, warm {base_warm * 1000:.1f}ms; median of {args.repeat} runs")
+        cold = ("already cached (use an empty --cache-dir to measure the cold import)" if base.cached
+                else f"cold {base_cold:.2f}s (download + import)")
+        print(f"vLLM v0.20.2 base ({base.commit[:12]}): {cold}, warm {base_warm * 1000:.1f}ms; "
+              f"median of {args.repeat} runs")
         print(table(["series", "patches", "+/- lines", "git am -3 (s)", "kvforge apply (s)", "ratio"], rows))
         print("goal: ratio <= 1.30x")
     finally:
