@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tarfile
 import time
 from dataclasses import dataclass
@@ -250,9 +249,3 @@ def _quote(path: str) -> bytes:
     if any(c in path for c in '"\\\n') or path.startswith(" "):
         return b'"' + path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").encode() + b'"'
     return path.encode()
-
-
-def drop_cached(component: Component, cache: Cache) -> None:
-    """Forget a component's cached bases (used by `kvforge base --refresh`)."""
-    for kind in ("git", "sdist"):
-        shutil.rmtree(_repo_path(component, cache, kind), ignore_errors=True)

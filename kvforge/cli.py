@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -12,7 +11,7 @@ import click
 from . import __version__
 from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
-from .errors import EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .errors import EXIT_TESTS, KvforgeError
 from .report import emit_json, table
 
 
@@ -407,10 +406,6 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
         print_bench(result, click.echo)
     if result.errors:
         sys.exit(EXIT_TESTS)
-
-
-def run() -> None:  # pragma: no cover - console entry point alias
-    main()
 
 
 if __name__ == "__main__":  # pragma: no cover

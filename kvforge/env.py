@@ -21,9 +21,7 @@ renamed into place; the marker file is written last, so a half-built one never c
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
-import fcntl
 import hashlib
 import io
 import json
@@ -37,11 +35,12 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from . import gitutil
 from .cache import Cache
 from .errors import EXIT_ENV, KvforgeError
+from .fsutil import file_lock
 
 Progress = Callable[[str], None]
 DATA = Path(__file__).resolve().parent / "data"
@@ -222,7 +221,7 @@ def ensure_env(spec: EnvSpec, cache: Cache, rebuild: bool = False, progress: Pro
     say = progress or (lambda _m: None)
     hf = ensure_hf_home(cache)
     final = cache.envs / spec.key
-    with _locked(cache.envs / f".{spec.key}.lock", say, f"environment {spec.key}"):
+    with file_lock(cache.envs / f".{spec.key}.lock", say, f"environment {spec.key}"):
         if rebuild and final.exists():
             say(f"removing environment {spec.key} (--rebuild)")
             shutil.rmtree(final)
@@ -239,21 +238,6 @@ def ensure_env(spec: EnvSpec, cache: Cache, rebuild: bool = False, progress: Pro
             say(f"removing unfinished environment {final}")
             shutil.rmtree(final)
         return _build(spec, cache, final, hf, say)
-
-
-@contextlib.contextmanager
-def _locked(path: Path, say: Progress, what: str) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for another kvforge that is using {what}")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _build(spec: EnvSpec, cache: Cache, final: Path, hf: Path, say: Progress) -> Env:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterator
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -24,3 +27,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, say: Callable[[str], None] | None = None, what: str = "") -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing); say so when another kvforge holds it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if say:
+                say(f"waiting for another kvforge that is using {what or path}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

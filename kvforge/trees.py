@@ -9,15 +9,13 @@ repository (n = 0 is the base). `checkout(n)` then moves that one reused worktre
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from . import gitutil
 from .apply import add_worktree, am_in_progress, am_series, load_clean_series
+from .fsutil import file_lock
 from .bases import Base, Progress, ensure_base
 from .cache import Cache
 from .series import Series
@@ -70,21 +68,9 @@ class Stack:
     def label(self, n: int) -> str:
         return "base" if n == 0 else f"after {self.series.patches[n - 1].name}"
 
-    @contextlib.contextmanager
-    def lock(self, progress: Progress | None = None) -> Iterator[None]:
+    def lock(self, progress: Progress | None = None):
         """Hold the worktree while tests run in it: two kvforge runs never move it under each other."""
-        path = self.worktree.parent / f"{self.worktree.name}.lock"
-        with open(path, "w") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if progress:
-                    progress(f"waiting for another kvforge that is using {self.worktree}")
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        return file_lock(self.worktree.parent / f"{self.worktree.name}.lock", progress, str(self.worktree))
 
 
 def ref_prefix(target: str, component: str, digest: str | None = None) -> str:

@@ -14,7 +14,6 @@ pytest runs once per tree state with every node needed there (patch N's "after" 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable

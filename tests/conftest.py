@@ -6,7 +6,6 @@ test cache, so tests never touch a real user cache beyond that one download.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
