@@ -187,7 +187,8 @@ def am_series(worktree: Path, patches: list[Patch], base: Base) -> list[PatchOut
         if reverse_applies(worktree, failing):
             outcomes[position].status = "in base"
             outcomes[position].detail = "already contained in the tree (applies in reverse)"
-            gitutil.run(worktree, "am", "--abort", check=False)
+            # --quit, not --abort: --abort would also drop the commits this am run already made.
+            gitutil.run(worktree, "am", "--quit", check=False)
             gitutil.run(worktree, "reset", "--hard", "-q", "HEAD", check=False)
             position += 1
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -202,3 +203,31 @@ def trailers_block() -> str:
     from helpers import trailers
 
     return trailers("x-fix")
+
+
+def test_patch_in_base_after_applied_ones_keeps_their_commits(project, base_v0202, tmp_path):
+    """A patch git am stops at and that is already in the tree must not undo the patches before it."""
+    cache, base = base_v0202
+    d = project / "patches" / "t"
+    _, c1 = make_patch(base.repo, base.commit, {POOL: ("class BlockPool:", "class BlockPool:  # first")},
+                       "[Core] first", "first-fix", d / "0001-first-fix.patch")
+    # Its preimage differs from the tree (so am stops) but its postimage is already there (reverse applies).
+    _, moved = make_patch(base.repo, c1, {UTILS: ("class FreeKVCacheBlockQueue:", "class FreeKVCacheBlockQueue:  # x")},
+                          "scratch", "scratch", tmp_path / "scratch.patch")
+    upstreamed, _ = make_patch(base.repo, moved,
+                               {UTILS: ("class FreeKVCacheBlockQueue:  # x", "class FreeKVCacheBlockQueue:")},
+                               "[Core] upstreamed", "upstreamed-fix", d / "0002-upstreamed-fix.patch")
+    # Preimage blob unknown to the base repository: no 3-way fallback, only the reverse check can tell.
+    text = upstreamed.read_text()
+    old_blob = re.search(r"^index ([0-9a-f]{40})\.\.", text, re.M).group(1)
+    upstreamed.write_text(text.replace(old_blob, "1" * 40))
+    make_patch(base.repo, c1, {UTILS: ("class KVCacheBlock:", "class KVCacheBlock:  # third")},
+               "[Core] third", "third-fix", d / "0003-third-fix.patch")
+    write_series(project, "0001-first-fix.patch", "0002-upstreamed-fix.patch", "0003-third-fix.patch")
+    into = tmp_path / "tree"
+    res = kvforge("apply", "-t", "t", "--into", str(into), "--json")
+    assert res.exit_code == 0, res.output
+    outcomes = json.loads(res.stdout)["patches"]
+    assert [o["status"] for o in outcomes] == ["applied", "in base", "applied"]
+    assert git(into, "log", "--format=%s", f"{base.commit}..HEAD").splitlines() == ["[Core] third", "[Core] first"]
+    assert "# first" in (into / POOL).read_text()
