@@ -42,7 +42,7 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
                 env={**COMMITTER, **(env or {})}, kill_after_timeout=timeout)
         else:  # GitPython has no text-input helper; the same call through subprocess
             proc = subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(env or {})})
+                                  env=_plain_env(env))
             code, out, err = proc.returncode, proc.stdout.rstrip("\n"), proc.stderr
     except git.GitCommandNotFound:
         raise KvforgeError("git is not installed or not on PATH") from None
@@ -53,10 +53,15 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
     return res
 
 
+def _plain_env(extra: dict | None = None) -> dict:
+    """What GitPython sets up for its own calls, for the few made through subprocess directly."""
+    return {**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(extra or {})}
+
+
 def popen(cwd: Path, *args: str) -> subprocess.Popen:
     """Start a git process with stdin/stderr pipes, for streams GitPython cannot feed (fast-import)."""
     return subprocess.Popen(["git", *HERMETIC, *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C", **COMMITTER})
+                            stderr=subprocess.PIPE, env=_plain_env())
 
 
 def rev_parse(cwd: Path, rev: str) -> str | None:
