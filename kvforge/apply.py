@@ -20,7 +20,7 @@ from . import gitutil
 from .bases import Base, Progress, ensure_base
 from .cache import Cache
 from .errors import EXIT_APPLY, EXIT_USAGE, KvforgeError
-from .series import Patch, Series, read_series
+from .series import Patch, Series, load_clean_series
 from .targets import Component, Target
 
 AM_OPTS = ("am", "-3", "--keep-non-patch", "--committer-date-is-author-date", "--no-gpg-sign")
@@ -60,15 +60,6 @@ class ApplyFailure(KvforgeError):
     def __init__(self, message: str, outcomes: list[PatchOutcome]):
         super().__init__(message)
         self.outcomes = outcomes
-
-
-def load_clean_series(component: Component) -> Series:
-    series = read_series(component.series_dir)
-    problems = series.all_problems()
-    if problems:
-        more = f" (and {len(problems) - 1} more; run `kvforge lint`)" if len(problems) > 1 else ""
-        raise KvforgeError(f"{problems[0]}{more}")
-    return series
 
 
 def default_into(cache: Cache, target: Target, component: Component) -> Path:
@@ -144,144 +135,3 @@ def apply_target(target: Target, cache: Cache, into: Path | None = None, branch:
     return result
 
 
-def add_worktree(repo: Path, path: Path, commit: str) -> None:
-    if path.exists():
-        remove_worktree(repo, path)
-    gitutil.run(repo, "worktree", "add", "--detach", "-q", str(path), commit)
-
-
-def remove_worktree(repo: Path, path: Path) -> None:
-    gitutil.run(repo, "worktree", "remove", "--force", "--force", str(path), check=False)
-    if path.exists():
-        shutil.rmtree(path, ignore_errors=True)
-    gitutil.run(repo, "worktree", "prune", check=False)
-
-
-def worktree_of(repo: Path, branch: str) -> str | None:
-    out = gitutil.run(repo, "worktree", "list", "--porcelain", check=False).stdout
-    current = None
-    for line in out.splitlines():
-        if line.startswith("worktree "):
-            current = line[len("worktree "):]
-        elif line == f"branch refs/heads/{branch}":
-            return current
-    return None
-
-
-def am_series(worktree: Path, patches: list[Patch], base: Base) -> list[PatchOutcome]:
-    """`git am -3` the patches in one run; skip ones already in the tree; explain a failure.
-
-    One `git am` call for the whole series keeps the cost that of plain `git am`; the per-patch
-    table is recovered from its output ("Applying: <subject>", 3-way fallback, "already applied").
-    """
-    check_link_paths(worktree, patches)
-    outcomes = [PatchOutcome(p.name, p.fix_id, "not reached") for p in patches]
-    position = 0
-    while position < len(patches):
-        res = gitutil.run(worktree, *AM_OPTS, *[str(p.path) for p in patches[position:]], check=False)
-        position = _record(res.stdout + "\n" + res.stderr, patches, outcomes, position, worktree)
-        if res.returncode == 0:
-            break
-        # git am stopped at patches[position].
-        failing = patches[position]
-        if reverse_applies(worktree, failing):
-            outcomes[position].status = "in base"
-            outcomes[position].detail = "already contained in the tree (applies in reverse)"
-            # --quit, not --abort: --abort would also drop the commits this am run already made.
-            gitutil.run(worktree, "am", "--quit", check=False)
-            gitutil.run(worktree, "reset", "--hard", "-q", "HEAD", check=False)
-            position += 1
-            continue
-        reason = diagnose(worktree, failing, res.stdout + "\n" + res.stderr)
-        outcomes[position].status = "failed"
-        outcomes[position].detail = reason
-        raise ApplyFailure(f"{failing.name}: {reason}", outcomes)
-    commits = gitutil.run(worktree, "rev-list", "--reverse", f"{base.commit}..HEAD").stdout.split()
-    applied = [o for o in outcomes if o.status.startswith("applied")]
-    for o, c in zip(applied, commits):
-        o.commit = c
-    return outcomes
-
-
-def _record(output: str, patches: list[Patch], outcomes: list[PatchOutcome], position: int, worktree: Path) -> int:
-    """Mark outcomes from git am's output; return the index of the patch am stopped at (or the end)."""
-    current = position - 1
-    for line in output.splitlines():
-        if line.startswith("Applying: "):
-            current += 1
-            outcomes[current].status = "applied"
-        elif line.startswith("Falling back to patching base and 3-way merge") and current >= position:
-            outcomes[current].status = "applied (3-way)"
-        elif "Patch already applied" in line and current >= position:
-            outcomes[current].status = "in base"
-            outcomes[current].detail = "3-way merge found no change: already in the tree"
-    stopped = am_in_progress(worktree)
-    if stopped:
-        return max(current, position)
-    return len(patches)
-
-
-def am_in_progress(worktree: Path) -> bool:
-    path = gitutil.run(worktree, "rev-parse", "--git-path", "rebase-apply").stdout.strip()
-    return (worktree / path).exists() if not os.path.isabs(path) else Path(path).exists()
-
-
-def reverse_applies(worktree: Path, patch: Patch) -> bool:
-    return gitutil.run(worktree, "apply", "--check", "-R", str(patch.path), check=False).returncode == 0
-
-
-HUNK_FAIL = re.compile(r"error: patch failed: (.+):(\d+)")
-NO_FILE = re.compile(r"error: (.+): (does not exist in index|No such file or directory|already exists in (?:index|working directory))")
-
-
-def diagnose(worktree: Path, patch: Patch, am_output: str) -> str:
-    """Name the file, hunk and line that failed, as a release engineer needs it."""
-    text = _apply_check(worktree, patch) + "\n" + am_output
-    conflicts = re.findall(r"CONFLICT \([^)]*\): Merge conflict in (\S+)", am_output)
-    m = HUNK_FAIL.search(text)
-    if m:
-        path, line = m.group(1), int(m.group(2))
-        hunk = patch.hunk_at(path, line)
-        where = f"hunk {hunk} of {path}" if hunk else f"a hunk of {path}"
-        how = " (and the 3-way merge conflicts)" if path in conflicts else ""
-        return f"{where} does not apply at line {line}{how}"
-    m = NO_FILE.search(text)
-    if m:
-        return f"{m.group(1)}: {m.group(2)}"
-    if conflicts:
-        return f"3-way merge conflict in {', '.join(conflicts)}"
-    lines = [ln for ln in am_output.splitlines() if ln.startswith(("error:", "fatal:"))]
-    return lines[0] if lines else "git am failed"
-
-
-def _apply_check(worktree: Path, patch: Patch) -> str:
-    """`git apply --check` against HEAD itself: the index may hold am's half-made merge."""
-    fd, name = tempfile.mkstemp(prefix="kvforge-index-")
-    os.close(fd)
-    index = Path(name)
-    index.unlink()
-    env = {"GIT_INDEX_FILE": str(index)}
-    try:
-        gitutil.run(worktree, "read-tree", "HEAD", env=env)
-        return gitutil.run(worktree, "apply", "--check", "--cached", str(patch.path), check=False, env=env).stderr
-    finally:
-        index.unlink(missing_ok=True)
-
-
-def check_link_paths(worktree: Path, patches: list[Patch]) -> None:
-    """Refuse a patch that would write through a symbolic link of the tree."""
-    prefixes: dict[str, Patch] = {}
-    for p in patches:
-        for path in p.touched_paths:
-            parts = path.split("/")
-            for k in range(1, len(parts) + 1):
-                prefixes.setdefault("/".join(parts[:k]), p)
-    if not prefixes:
-        return
-    out = gitutil.run(worktree, "ls-tree", "HEAD", "--", *sorted(prefixes), check=False).stdout
-    for line in out.splitlines():
-        meta, _, name = line.partition("\t")
-        if meta.startswith("120000"):
-            p = prefixes[name]
-            raise ApplyFailure(f"{p.name}: {name} is a symbolic link in the base; writing through it is refused",
-                               [PatchOutcome(p.name, p.fix_id, "failed", detail="writes through a symlink")])

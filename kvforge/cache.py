@@ -1,12 +1,30 @@
 """Where kvforge keeps what it downloads and builds: never in the project, never in the user's env.
 
 Default ~/.cache/kvforge (or $XDG_CACHE_HOME/kvforge); $KVFORGE_CACHE or --cache-dir override it.
+Everything here can be deleted at any time: user trees are standalone repositories outside it.
+
+Layout:
+  downloads/                 verified release archives (sdists), named as upstream names them
+  repos/<component>-<kind>.git  bare repositories holding imported bases (kind: sdist | git)
+  trees/.work/               kvforge's own worktrees (stacks for tests, verify and bench)
+  envs/                      test environments, keyed by a hash of their content
+  results/                   evidence: JUnit XML, verify and bench JSON (kvforge.evidence)
+
+Ref namespaces written in a cached repository (each by one module only):
+  refs/tags/<ref>                                   bases (bases)
+  refs/kvforge/import                               a base import in progress (bases)
+  refs/kvforge/stacks/<target>/<component>/<digest>/<n>   a series applied, tree after patch n (trees)
+  refs/kvforge/from/<target>/<component>/<n>       commits taken from a user's tree for --from (trees)
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+REF_IMPORT = "refs/kvforge/import"
+REF_STACKS = "refs/kvforge/stacks"
+REF_FROM = "refs/kvforge/from"
 
 
 def default_cache_dir() -> Path:
@@ -41,7 +59,7 @@ class Cache:
 
     @property
     def trees(self) -> Path:
-        """Worktrees: user trees made by `apply`, and kvforge's own trees for tests and verify."""
+        """kvforge's own worktrees (under .work/); user trees never live here."""
         return self._dir("trees")
 
     @property
@@ -51,4 +69,5 @@ class Cache:
 
     @property
     def results(self) -> Path:
+        """Evidence records (kvforge.evidence owns the layout below this)."""
         return self._dir("results")

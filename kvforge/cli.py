@@ -1,9 +1,20 @@
-"""The `kvforge` command line: parse options, call one module, print its result. No logic lives here."""
+"""The `kvforge` command line: parse options, build one Context, call one library function, render
+its result and set the exit code. No logic lives here.
+
+Errors: a KvforgeError is one line on stderr (with --json also {"error", "exit"} on stdout) and its
+exit code; a click usage error exits 2 the same way; anything else is a bug in kvforge: one line,
+the traceback saved to a file, exit 70. Global options (--cache-dir) work before or after the
+subcommand.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 import click
@@ -11,24 +22,33 @@ import click
 from . import __version__
 from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
-from .errors import EXIT_TESTS, KvforgeError
+from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_LINT, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .report import emit_json, table
+
+GLOBAL_OPTIONS = ("--cache-dir",)
 
 
 def progress(msg: str) -> None:
     click.echo(f"kvforge: {msg}", err=True)
 
 
+def fail(message: str, code: int, as_json: bool) -> None:
+    if as_json:
+        emit_json({"error": message, "exit": code})
+    click.echo(f"kvforge: error: {message}", err=True)
+    sys.exit(code)
+
+
 def handle_errors(fn):
-    """Turn KvforgeError into one line on stderr and its exit code: no tracebacks for user errors."""
+    """KvforgeError -> one line and its exit code (and a JSON error object with --json)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except KvforgeError as exc:
-            click.echo(f"kvforge: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
+            fail(str(exc).splitlines()[0] if as_json else str(exc), exc.exit_code, as_json)
         except KeyboardInterrupt:
             click.echo("kvforge: interrupted", err=True)
             sys.exit(130)
@@ -36,9 +56,16 @@ def handle_errors(fn):
     return wrapper
 
 
+def make_ctx(cache: Cache, target_name: str, component: str | None = None, **kw):
+    from .context import Context
+
+    return Context.load(cache, target_name, component, progress=progress, **kw)
+
+
 target_option = click.option("--target", "-t", "target_name", required=True, metavar="NAME",
                              help="Release target (a file in targets/, e.g. v0.20.2rc).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print machine-readable JSON on stdout (errors too: {\"error\", \"exit\"}).")
 source_option = click.option("--source", type=click.Choice(["auto", "git", "sdist"]), default="auto",
                              show_default=True,
                              help="Where the base comes from: auto uses a cached base, else --repo or a reachable "
@@ -46,43 +73,87 @@ source_option = click.option("--source", type=click.Choice(["auto", "git", "sdis
 repo_option = click.option("--repo", "repo_url", metavar="URL|DIR",
                            help="Git remote or local clone to take the base ref from (implies --source git).")
 component_option = click.option("--component", metavar="NAME", help="Component of the target (default: the first).")
+from_option = click.option("--from", "from_rev", metavar="REV|DIR|DIR:REV",
+                           help="Use the commits base..REV of a tree as the series instead of the series files: "
+                                "REV in the current directory's repository, a tree DIR (its HEAD), or DIR:REV.")
+python_option = click.option("--python", "python", type=click.Path(dir_okay=False, path_type=Path),
+                             help="Run with this interpreter (an existing env with torch); missing packages go into "
+                                  "an overlay in the cache, never into it [env KVFORGE_PYTHON].")
+torch_index_option = click.option("--torch-index", metavar="URL",
+                                  help="Package index to take the CPU torch wheel from [env KVFORGE_TORCH_INDEX; "
+                                       "default: PyTorch's CPU index, then pip's find-links].")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cache_option(fn):
+    """--cache-dir on the group and on every subcommand, so it works before or after the subcommand."""
+
+    def store(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.find_root().obj = Cache(value)
+        return value
+
+    return click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
+                        callback=store, is_eager=True,
+                        help="Cache for bases, trees and environments [env KVFORGE_CACHE; "
+                             "default ~/.cache/kvforge].")(fn)
+
+
+class Group(click.Group):
+    """Subcommands get --cache-dir too; nested groups are of this class."""
+
+    def command(self, *args, **kwargs):
+        decorator = super().command(*args, **kwargs)
+        return lambda fn: decorator(cache_option(fn))
+
+    def group(self, *args, **kwargs):
+        kwargs.setdefault("cls", Group)
+        return super().group(*args, **kwargs)
+
+
+class RootGroup(Group):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        run_cli(self, args, prog_name, **extra)
+
+
+def exit_code_help() -> str:
+    return "\n".join(f"  {code:>2}  {what}" for code, what in EXIT_CODES.items())
+
+
+@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="\b\nExit codes:\n" + exit_code_help())
 @click.version_option(__version__, prog_name="kvforge")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), envvar="KVFORGE_CACHE",
-              help="Cache for bases, trees and environments [env KVFORGE_CACHE; default ~/.cache/kvforge].")
+@cache_option
 @click.pass_context
-def main(ctx: click.Context, cache_dir: Path | None) -> None:
+def cli(ctx: click.Context) -> None:
     """Carry, prove and measure downstream patch series for vLLM's hybrid KV-cache manager.
 
     \b
     Typical day:
-      kvforge status                      fixes x targets, with upstream status
-      kvforge lint                        check every series and patch header
-      kvforge apply --target v0.20.2rc    base + series as commits in a worktree
-      kvforge verify --target v0.20.2rc   prove each patch with vLLM's own tests
-
-    Exit codes: 0 ok, 1 lint problems, 2 bad input, 3 a patch does not apply,
-    4 tests/verify failed, 5 environment problem, 6 network/download problem.
+      kvforge status                           fixes x targets, with upstream status
+      kvforge apply -t v0.20.2rc --into DIR    base + series as commits in a repository of your own
+      (edit, commit in DIR)
+      kvforge verify -t v0.20.2rc --from DIR   prove each of your commits with vLLM's own tests
+      kvforge export -t v0.20.2rc --from DIR   write your commits back as the series (all or nothing)
     """
-    ctx.obj = Cache(cache_dir)
+    if ctx.obj is None:
+        ctx.obj = Cache(None)
 
 
-@main.command("targets")
+@cli.command("targets")
 @json_option
 @click.pass_obj
 @handle_errors
 def targets_cmd(cache: Cache, as_json: bool) -> None:
     """List the release targets and their components."""
-    from .targets import load_all
+    from .targets import load_all, project_root
 
+    root = project_root()
     rows = []
     for t in load_all():
         for c in t.components:
             rows.append({"target": t.name, "component": c.name, "ref": c.ref,
                          "release": f"{c.release.package}=={c.release.version}",
-                         "series": str(c.series_dir.relative_to(t.path.parent.parent)),
+                         "series": os.path.relpath(c.series_dir, root),
                          "platforms": list(c.platforms), "description": t.description})
     if as_json:
         emit_json(rows)
@@ -92,7 +163,7 @@ def targets_cmd(cache: Cache, as_json: bool) -> None:
                       for r in rows]))
 
 
-@main.command("base")
+@cli.command("base")
 @target_option
 @component_option
 @source_option
@@ -108,67 +179,70 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
     the sha256 pinned in the target file and imported with a fixed author and date, so the commit
     id is the same on every machine. A cached base costs no network.
     """
-    from .bases import ensure_base
-    from .targets import load_target
-
-    target = load_target(target_name)
-    base = ensure_base(target.component(component), cache, source, repo_url, progress)
-    data = {"target": target.name, "component": base.component, "ref": base.ref, "commit": base.commit,
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
+    base = ctx.base()
+    data = {"target": ctx.target.name, "component": base.component, "ref": base.ref, "commit": base.commit,
             "source": base.source, "origin": base.origin, "repo": str(base.repo), "cached": base.cached,
             "seconds": round(base.seconds, 3)}
     if as_json:
         emit_json(data)
     else:
         how = "cached" if base.cached else f"imported in {base.seconds:.1f}s"
-        click.echo(f"{target.name}/{base.component}: {base.ref} = {base.commit} ({base.source}: {base.origin}; {how})")
+        click.echo(f"{ctx.label}: {base.ref} = {base.commit} ({base.source}: {base.origin}; {how})")
         click.echo(f"repository: {base.repo}")
 
 
-@main.command("apply")
+@cli.command("apply")
 @target_option
 @component_option
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for the worktree [default: <cache>/trees/<target>].")
+              help="Make a standalone git repository here [default: ./<component>-<target>].")
+@click.option("--repo-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Instead: add the branch to this existing clone (its checkout, index and changes are untouched).")
 @click.option("--branch", help="Branch to create [default: kvforge/<target>].")
 @click.option("--keep-conflict", is_flag=True,
-              help="On failure, leave the worktree at the failing patch with conflict markers.")
+              help="On failure, leave the tree at the failing patch with conflict markers (git am in progress).")
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
-def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path | None, branch: str | None,
-              keep_conflict: bool, source: str, repo_url: str | None, as_json: bool) -> None:
-    """Apply a target's series to its base: one commit per patch, on a new branch in a worktree.
+def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path | None, repo_dir: Path | None,
+              branch: str | None, keep_conflict: bool, source: str, repo_url: str | None, as_json: bool) -> None:
+    """Apply a target's series to its base: one commit per patch, on a branch in a tree you own.
 
-    Transactional: the series is applied in a hidden worktree and the branch is created only when
-    every patch is in. If a patch fails, nothing visible is left and the error names the patch, the
-    file, the hunk and the line. Re-running on an existing branch is a no-op when it already holds
-    exactly this series, and refuses otherwise; it never rewrites a branch.
+    \b
+    --into DIR      a standalone repository (objects copied, no link to the cache): the base is
+                    tagged kvforge/base/<target>, the branch checked out. Deleting the cache
+                    never affects it.
+    --repo-dir DIR  the branch (and base tag) fetched into your existing clone.
+
+    Transactional: the series is applied in kvforge's own worktree and your tree or branch appears
+    only when every patch is in. If a patch fails, nothing is left and the error names the patch,
+    file, hunk and line. Re-running is a no-op when the branch already holds exactly this series;
+    a branch that differs (your work) is never touched: the refusal says how to keep it.
     """
     from .apply import ApplyFailure, apply_target
-    from .targets import load_target
 
-    target = load_target(target_name)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
+    if into is not None and repo_dir is not None:
+        raise KvforgeError("--into and --repo-dir exclude each other", EXIT_USAGE)
     try:
-        result = apply_target(target, cache, into, branch, keep_conflict, source, repo_url, component, progress)
+        result = apply_target(ctx, into=into, repo_dir=repo_dir, branch=branch, keep_conflict=keep_conflict)
     except ApplyFailure as failure:
         if as_json:
-            emit_json({"target": target.name, "ok": False, "error": str(failure),
-                       "patches": [o.__dict__ for o in failure.outcomes]})
+            emit_json({"target": ctx.target.name, "ok": False, "error": str(failure).splitlines()[0],
+                       "exit": failure.exit_code, "patches": [o.__dict__ for o in failure.outcomes]})
         else:
             _print_outcomes(failure.outcomes)
-        raise
+        click.echo(f"kvforge: error: {failure}", err=True)
+        sys.exit(failure.exit_code)
     if as_json:
         emit_json({**result.to_json(), "ok": True})
         return
     _print_outcomes(result.patches)
-    if result.noop:
-        click.echo(f"\n{result.branch} already holds this series at {result.head[:12]}: nothing to do"
-                   + (f" (worktree {result.worktree})" if result.worktree else ""))
-    else:
-        click.echo(f"\n{result.branch} at {result.head[:12]} on {target.component(component).ref} "
-                   f"({result.base[:12]}), worktree {result.worktree} ({result.seconds:.1f}s)")
+    click.echo("")
+    click.echo(result.summary())
 
 
 def _print_outcomes(outcomes) -> None:
@@ -177,125 +251,103 @@ def _print_outcomes(outcomes) -> None:
                       for i, o in enumerate(outcomes, 1)]))
 
 
-@main.command("lint")
+@cli.command("lint")
 @click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
               help="Lint only these targets' series (repeatable) [default: all].")
 @json_option
 @handle_errors
 def lint_cmd(target_names: tuple[str, ...], as_json: bool) -> None:
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree."""
-    from .series import read_series
-    from .targets import load_all, load_target
+    from .series import lint_targets
 
-    targets = [load_target(n) for n in target_names] if target_names else load_all()
-    problems, checked = [], 0
-    for t in targets:
-        for c in t.components:
-            s = read_series(c.series_dir)
-            checked += len(s.patches)
-            problems.extend(s.all_problems())
+    checked, ntargets, problems = lint_targets(target_names)
     if as_json:
         emit_json({"patches": checked, "problems": [{"file": str(p.path), "line": p.line, "message": p.message}
                                                    for p in problems]})
     else:
         for p in problems:
             click.echo(str(p))
-        click.echo(f"{checked} patches in {len(targets)} targets: "
+        click.echo(f"{checked} patches in {ntargets} targets: "
                    + (f"{len(problems)} problems" if problems else "clean"), err=bool(problems))
     if problems:
-        sys.exit(1)
+        sys.exit(EXIT_LINT)
 
 
-@main.command("status")
+@cli.command("status")
 @json_option
 @handle_errors
 def status_cmd(as_json: bool) -> None:
     """Fixes x targets: what each target carries, with its upstream status, or why it needs no patch."""
-    from .status import status_matrix
+    from .status import render_status, status_matrix
     from .targets import load_all
 
-    targets = load_all()
-    order, cells = status_matrix(targets)
+    matrix = status_matrix(load_all())
     if as_json:
-        emit_json({fid: {t: c.__dict__ for t, c in row.items()} for fid, row in cells.items()})
-        return
-    names = [t.name for t in targets]
-    notes: list[str] = []
-
-    def cell(fid, t):
-        c = cells[fid].get(t)
-        if c is None:
-            return "-"
-        if c.state == "carried":
-            return c.detail
-        text = f"{fid}: {c.detail}"
-        if text not in notes:
-            notes.append(text)
-        return f"in base [{notes.index(text) + 1}]"
-
-    rows = [[fid, *[cell(fid, t) for t in names]] for fid in order]
-    click.echo(table(["fix-id", *names], rows))
-    click.echo("\n'-': not carried on that target; 'NNNN Status': patch number and Upstream-Status.")
-    for i, n in enumerate(notes, 1):
-        click.echo(f"[{i}] {n}")
+        emit_json(matrix.to_json())
+    else:
+        click.echo(render_status(matrix))
 
 
-@main.command("export")
+@cli.command("export")
 @target_option
 @component_option
-@click.option("--from", "rev", metavar="REV", help="Branch or commit to export [default: kvforge/<target>].")
+@from_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Series directory to write [default: the target's series].")
+@click.option("--renumber", is_flag=True,
+              help="Name every file NNNN-<Fix-Id>.patch by its position (default: keep existing names).")
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
-def export_cmd(cache: Cache, target_name: str, component: str | None, rev: str | None, out: Path | None,
-               source: str, repo_url: str | None, as_json: bool) -> None:
-    """Refresh a series from a branch: one patch per commit since the base, plus the series file.
+def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: str | None, out: Path | None,
+               renumber: bool, source: str, repo_url: str | None, as_json: bool) -> None:
+    """Write a tree's commits back as the series: one patch per commit since the base, and `series`.
 
-    Unchanged commits re-export to byte-identical files, so `git diff` on patches/ shows only
-    real changes.
+    All or nothing: every file is computed into a temporary directory and linted there, then the
+    series directory is replaced in one step; on any problem nothing in it changes. Unchanged
+    commits re-export byte for byte; existing file names are kept unless --renumber. Default
+    --from: branch kvforge/<target> of the repository at the current directory, else of
+    ./<component>-<target>.
     """
-    from .bases import ensure_base
-    from .export import export_range
-    from .targets import load_target
+    from .export import export_target
 
-    target = load_target(target_name)
-    comp = target.component(component)
-    base = ensure_base(comp, cache, source, repo_url, progress)
-    rev = rev or f"kvforge/{target.name}"
-    written = export_range(base.repo, base.commit, rev, out or comp.series_dir)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
+    result = export_target(ctx, out=out, renumber=renumber)
     if as_json:
-        emit_json([e.__dict__ for e in written])
+        emit_json(result.to_json())
         return
-    click.echo(table(["patch", "fix-id", "file"], [[e.name, e.fix_id, "rewritten" if e.changed else "unchanged"]
-                                                 for e in written]))
+    click.echo(table(["patch", "fix-id", "file"], [[e.name, e.fix_id, e.status] for e in result.files]))
+    click.echo(result.summary())
 
 
-@main.command("env")
+@cli.command("env")
 @target_option
 @component_option
 @click.option("--rebuild", is_flag=True, help="Remove and rebuild the target's environment.")
+@python_option
+@torch_index_option
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
-def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool, source: str,
-            repo_url: str | None, as_json: bool) -> None:
+def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool, python: Path | None,
+            torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Build (once) the Python environment that runs the target's vLLM CPU tests.
 
-    torch from a local CPU wheel, vLLM's import-time requirements with the base tree's own version
-    specifiers, pytest, a CPU platform plugin and an offline HF cache; nothing is installed into
-    your Python. Targets whose requirements agree share one environment. $KVFORGE_TEST_PYTHON
-    names an interpreter to use instead.
+    torch CPU (from --torch-index, PyTorch's CPU index, or pip's find-links), vLLM's import-time
+    requirements with the base tree's own version specifiers, pytest, a CPU platform plugin and an
+    offline HF cache; nothing is installed into your Python. Targets whose requirements agree share
+    one environment. With --python, your interpreter is used and only what it lacks goes into an
+    overlay in the cache.
     """
     from .env import target_env
-    from .targets import load_target
 
-    env = target_env(load_target(target_name), cache, component, source, repo_url, rebuild, progress)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, python=python,
+                   torch_index=torch_index)
+    env = target_env(ctx, rebuild=rebuild)
     if as_json:
         emit_json(env.to_json())
     else:
@@ -303,7 +355,7 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
         click.echo(f"{target_name}: env {env.key} ({how}): {env.python}")
 
 
-@main.command("test")
+@cli.command("test")
 @target_option
 @component_option
 @click.option("--platform", "platform_name", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu",
@@ -311,52 +363,59 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 @click.option("--base/--patched", "on_base", default=False,
               help="Run on the base tree, or on the fully patched tree [default: --patched].")
 @click.option("-k", "keyword", metavar="EXPR", help="Only tests matching this pytest -k expression.")
+@from_option
+@python_option
+@torch_index_option
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
 def test_cmd(cache: Cache, target_name: str, component: str | None, platform_name: str, on_base: bool,
-             keyword: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
+             keyword: str | None, from_rev: str | None, python: Path | None, torch_index: str | None, source: str,
+             repo_url: str | None, as_json: bool) -> None:
     """Run the target's test selection plus every Checks test of its series with vLLM's own tests.
 
     pytest runs from the root of the base or patched tree in kvforge's test environment and
     writes JUnit XML (target, base commit, series hash and platform on every testcase) into the
-    cache. Exit 4 when a test fails or none ran. cuda and npu print the command a runner with
-    that hardware would run: they cannot run here.
+    cache. Exit 4 when a test fails or none ran. A platform this machine does not have (cuda,
+    npu) prints the command its runner would run and exits 7 (not run): never reported as passed.
     """
-    from .targets import load_target
     from .testrun import print_test_result, test_target
 
-    result = test_target(load_target(target_name), cache, component, platform_name, on_base, keyword, source,
-                         repo_url, progress)
-    print_test_result(result, as_json)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
+                   python=python, torch_index=torch_index)
+    print_test_result(test_target(ctx, platform_name, on_base, keyword), as_json)
 
 
-@main.command("verify")
+@cli.command("verify")
 @target_option
 @component_option
+@from_option
+@python_option
+@torch_index_option
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
-def verify_cmd(cache: Cache, target_name: str, component: str | None, source: str, repo_url: str | None,
-               as_json: bool) -> None:
+def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: str | None, python: Path | None,
+               torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Prove every patch: its Checks fail before it and pass after it; the suite passes at the end.
 
-    A fix whose Checks already pass before it (or that has none) is unproven. refactor and test
-    patches are held to the regression suite only. The report is also saved as JSON in the cache.
-    Exit 0 only when everything is proven.
+    With --from, each commit base..REV of your tree is proven instead of the series files. A fix
+    whose Checks already pass before it (or that has none) is unproven. refactor and test patches
+    are held to the regression suite only. The report is saved as JSON in the cache. Exit 0 only
+    when everything is proven.
     """
-    from .targets import load_target
     from .verify import print_verify_report, verify_target
 
-    report = verify_target(load_target(target_name), cache, component, source, repo_url, progress)
-    print_verify_report(report, as_json)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
+                   python=python, torch_index=torch_index)
+    print_verify_report(verify_target(ctx), as_json)
 
 
-@main.group("bench")
+@cli.group("bench")
 def bench_group() -> None:
     """Measure a target's base and patched trees by replaying workloads through vLLM's own code."""
 
@@ -372,14 +431,17 @@ def bench_group() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of per-request hit rates, base vs patched (needs matplotlib: kvforge[plot]).")
+@from_option
+@python_option
+@torch_index_option
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
 def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None, scenario_spec: str, scale: float,
-                           seed: int, plot_path: Path | None, source: str, repo_url: str | None,
-                           as_json: bool) -> None:
+                           seed: int, plot_path: Path | None, from_rev: str | None, python: Path | None,
+                           torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Prefix-cache hit rates of the base and the patched tree, from vLLM's own counters.
 
     Each tree's real scheduler (built as vLLM's engine core builds it, with a hand-built hybrid
@@ -390,12 +452,12 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
     Exit 4 when a scenario could not run on a tree (its error is in the table).
     """
     from .bench.prefix_cache import bench_prefix_cache, check_plot_available, print_bench, write_plot
-    from .targets import load_target
 
     if plot_path is not None:
         check_plot_available()
-    result = bench_prefix_cache(load_target(target_name), cache, scenario_spec, scale, seed, component, source,
-                                repo_url, progress)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
+                   python=python, torch_index=torch_index)
+    result = bench_prefix_cache(ctx, scenario_spec, scale, seed)
     if plot_path is not None:
         write_plot(result.rows, result.states, plot_path,
                    f"{result.target}: prefix-cache hit rate per request (scale {result.scale:g})")
@@ -406,6 +468,56 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
         print_bench(result, click.echo)
     if result.errors:
         sys.exit(EXIT_TESTS)
+
+
+def crash_report(exc: BaseException) -> Path | None:
+    """Save the traceback of an unexpected exception; return the file (None if nothing is writable)."""
+    text = "".join(traceback.format_exception(exc))
+    for d in (os.environ.get("KVFORGE_CACHE"), tempfile.gettempdir()):
+        if not d:
+            continue
+        try:
+            Path(d).mkdir(parents=True, exist_ok=True)
+            path = Path(d) / f"kvforge-crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt"
+            path.write_text(f"kvforge {__version__}\nargv: {sys.argv}\n\n{text}", encoding="utf-8")
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def run_cli(group: click.Group, args: list[str] | None, prog_name: str | None, **extra) -> None:
+    """Run the CLI; turn usage errors and bugs into one line and a documented exit code."""
+    args = list(sys.argv[1:] if args is None else args)
+    as_json = "--json" in args
+    try:
+        code = click.Group.main(group, args=args, prog_name=prog_name or "kvforge", standalone_mode=False, **extra)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("kvforge: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        if as_json:
+            emit_json({"error": exc.format_message(), "exit": EXIT_USAGE})
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except KvforgeError as exc:  # raised outside a command (e.g. while parsing the group)
+        fail(str(exc), exc.exit_code, as_json)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        click.echo("kvforge: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        where = crash_report(exc)
+        msg = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
+        msg += f" (a bug in kvforge; traceback: {where})" if where else " (a bug in kvforge)"
+        fail(msg, EXIT_INTERNAL, as_json)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+main = cli  # the console script and tests call main(): RootGroup.main runs run_cli
 
 
 if __name__ == "__main__":  # pragma: no cover

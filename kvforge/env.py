@@ -427,18 +427,15 @@ def ensure_hf_home(cache: Cache) -> Path:
     return home
 
 
-def target_env(target, cache: Cache, component: str | None = None, source: str = "auto", repo_url: str | None = None,
-               rebuild: bool = False, progress: Progress | None = None, base=None) -> Env:
-    """The environment for a target's component, from its base's requirements ($KVFORGE_TEST_PYTHON wins)."""
-    from .bases import ensure_base
-
+def target_env(ctx, rebuild: bool = False, base=None) -> Env:
+    """The environment for ctx's component, from its base's requirements ($KVFORGE_TEST_PYTHON wins)."""
     external = os.environ.get("KVFORGE_TEST_PYTHON")
     if external:
-        return external_env(Path(external), cache, progress)
+        return external_env(Path(external), ctx.cache, ctx.progress)
     if base is None:
-        base = ensure_base(target.component(component), cache, source, repo_url, progress)
-    spec = env_spec(tree_reader(base.repo, base.commit), f"{target.name} base {base.commit[:12]}")
-    return ensure_env(spec, cache, rebuild, progress)
+        base = ctx.base()
+    spec = env_spec(tree_reader(base.repo, base.commit), f"{ctx.target.name} base {base.commit[:12]}")
+    return ensure_env(spec, ctx.cache, rebuild, ctx.progress)
 
 
 def external_env(python: Path, cache: Cache, progress: Progress | None = None) -> Env:

@@ -1,23 +1,37 @@
-"""One exception type for every error a user can cause; the CLI prints it as one line."""
+"""One exception type for every error a user can cause; the CLI prints it as one line.
 
+Exit codes (the README's table is generated from EXIT_CODES and must agree with it):
+"""
 
-class KvforgeError(Exception):
-    """A user-facing failure: bad input, a failed apply, a missing base.
-
-    `exit_code` lets callers tell kinds apart: 2 bad input/usage, 3 a patch that does not apply,
-    4 a test/verify failure, 5 an environment problem, 6 network/download.
-    """
-
-    exit_code = 2
-
-    def __init__(self, message: str, exit_code: int | None = None):
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
-
-
+EXIT_OK = 0
+EXIT_LINT = 1
 EXIT_USAGE = 2
 EXIT_APPLY = 3
 EXIT_TESTS = 4
 EXIT_ENV = 5
 EXIT_NETWORK = 6
+EXIT_NOT_RUN = 7
+EXIT_INTERNAL = 70
+
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_LINT: "lint problems in a series",
+    EXIT_USAGE: "bad input: an option, a target file, a series, a tree or a refusal to touch a user's work",
+    EXIT_APPLY: "a patch does not apply",
+    EXIT_TESTS: "tests or verify failed (or no test ran)",
+    EXIT_ENV: "environment problem (test venv, interpreter, git, disk, permissions)",
+    EXIT_NETWORK: "network or download problem",
+    EXIT_NOT_RUN: "not run: the platform (cuda, npu) is not available on this machine",
+    EXIT_INTERNAL: "internal error in kvforge (a bug): the traceback is saved and its path printed",
+}
+
+
+class KvforgeError(Exception):
+    """A user-facing failure. `exit_code` is one of EXIT_CODES; the message is one line."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code

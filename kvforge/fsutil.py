@@ -45,3 +45,25 @@ def file_lock(path: Path, say: Callable[[str], None] | None = None, what: str = 
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def crashpoint(name: str) -> None:
+    """Test hook: when $KVFORGE_CRASH_AT names this step, die here with SIGKILL (no cleanup runs).
+
+    The crash-safety tests kill kvforge at every step boundary this way and check that the next
+    run succeeds and that nothing is left half-made.
+    """
+    if os.environ.get("KVFORGE_CRASH_AT") == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

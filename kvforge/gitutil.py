@@ -1,7 +1,9 @@
-"""Thin layer over GitPython's command runner: one place that fixes locale and identity.
+"""The one git runner: every git call kvforge makes goes through `run` (text) or `run(..., binary=True)`.
 
-Every git call kvforge makes goes through here, with LC_ALL=C (GitPython sets it) so messages can be
-parsed, and with kvforge's committer identity so commits never depend on the user's git config.
+LC_ALL=C (so messages can be parsed), kvforge's committer identity (commits never depend on the
+user's git config) and HERMETIC config (no hooks, no autocrlf, no quoted paths) are fixed here.
+GitPython executes the calls; calls that feed standard input go through subprocess with the same
+environment.
 """
 
 from __future__ import annotations
@@ -13,53 +15,63 @@ from pathlib import Path
 
 import git
 
-from .errors import KvforgeError
+from .errors import EXIT_ENV, KvforgeError
 
 COMMITTER = {
     "GIT_COMMITTER_NAME": "kvforge",
     "GIT_COMMITTER_EMAIL": "kvforge@users.noreply.github.com",
 }
-# Config that must not come from the user: line endings and hooks would change commits.
+# Config that must not come from the user: line endings and hooks would change commits; quoted
+# paths would change file names in patches.
 HERMETIC = ("-c", "core.autocrlf=false", "-c", "core.safecrlf=false", "-c", "core.hooksPath=/dev/null",
-            "-c", "advice.detachedHead=false", "-c", "commit.gpgsign=false")
+            "-c", "advice.detachedHead=false", "-c", "commit.gpgsign=false", "-c", "core.quotePath=false",
+            "-c", "gc.auto=0", "-c", "maintenance.auto=false")
 
 
 @dataclass
 class Result:
     returncode: int
-    stdout: str
+    stdout: str | bytes
     stderr: str
 
 
 def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, timeout: float | None = None,
-        stdin: str | None = None) -> Result:
-    """Run `git <args>` in `cwd`; raise KvforgeError with git's own last words when `check` fails."""
+        stdin: str | bytes | None = None, binary: bool = False) -> Result:
+    """Run `git <args>` in `cwd`; raise KvforgeError with git's own last words when `check` fails.
+
+    `binary=True` returns stdout as bytes, untouched (no decoding, no stripped newline).
+    """
     cmd = ["git", *HERMETIC, *args]
     try:
-        if stdin is None:
+        if stdin is None and not binary:
             code, out, err = git.Git(str(cwd)).execute(
                 cmd, with_extended_output=True, with_exceptions=False,
                 env={**COMMITTER, **(env or {})}, kill_after_timeout=timeout)
-        else:  # GitPython has no text-input helper; the same call through subprocess
-            proc = subprocess.run(cmd, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout,
+        else:
+            data = stdin.encode() if isinstance(stdin, str) else stdin
+            proc = subprocess.run(cmd, cwd=cwd, input=data, capture_output=True, timeout=timeout,
                                   env=_plain_env(env))
-            code, out, err = proc.returncode, proc.stdout.rstrip("\n"), proc.stderr
-    except git.GitCommandNotFound:
-        raise KvforgeError("git is not installed or not on PATH") from None
+            code, err = proc.returncode, proc.stderr.decode(errors="replace")
+            out = proc.stdout if binary else proc.stdout.decode(errors="replace").rstrip("\n")
+    except (git.GitCommandNotFound, FileNotFoundError) as exc:
+        if isinstance(exc, FileNotFoundError) and not Path(cwd).is_dir():
+            raise KvforgeError(f"{cwd}: directory does not exist", EXIT_ENV) from None
+        raise KvforgeError("git is not installed or not on PATH", EXIT_ENV) from None
     res = Result(code, out, err)
     if check and code != 0:
-        last = (err.strip().splitlines() or out.strip().splitlines() or ["(no output)"])[-1]
-        raise KvforgeError(f"git {args[0]} failed in {cwd}: {last}")
+        text = out.decode(errors="replace") if isinstance(out, bytes) else out
+        last = (err.strip().splitlines() or text.strip().splitlines() or ["(no output)"])[-1]
+        raise KvforgeError(f"git {args[0]} failed in {cwd}: {last}", EXIT_ENV)
     return res
 
 
 def _plain_env(extra: dict | None = None) -> dict:
-    """What GitPython sets up for its own calls, for the few made through subprocess directly."""
+    """What GitPython sets up for its own calls, for the calls made through subprocess directly."""
     return {**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(extra or {})}
 
 
 def popen(cwd: Path, *args: str) -> subprocess.Popen:
-    """Start a git process with stdin/stderr pipes, for streams GitPython cannot feed (fast-import)."""
+    """Start a git process with stdin/stderr pipes, for streams fed while they run (fast-import)."""
     return subprocess.Popen(["git", *HERMETIC, *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=_plain_env())
 
@@ -67,3 +79,7 @@ def popen(cwd: Path, *args: str) -> subprocess.Popen:
 def rev_parse(cwd: Path, rev: str) -> str | None:
     res = run(cwd, "rev-parse", "--verify", "-q", rev, check=False)
     return res.stdout.strip() if res.returncode == 0 else None
+
+
+def is_ancestor(cwd: Path, a: str, b: str) -> bool:
+    return run(cwd, "merge-base", "--is-ancestor", a, b, check=False).returncode == 0

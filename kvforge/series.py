@@ -135,10 +135,10 @@ def _decode(value: str) -> str:
         return value
 
 
-def parse_patch(path: Path) -> Patch:
-    """Parse one format-patch file; every defect becomes a Problem with a line number."""
+def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
+    """Parse one format-patch file (or `raw`, its bytes, named `path`); every defect becomes a Problem."""
     path = Path(path)
-    raw = path.read_bytes()
+    raw = path.read_bytes() if raw is None else raw
     patch = Patch(path=path, raw=raw)
     try:
         text = raw.decode("utf-8")
@@ -383,3 +383,28 @@ def read_series(directory: Path) -> Series:
                 problems.append(Problem(p.path, line, f"Depends-On {dep!r} is not an earlier patch of this series"))
         seen[fid] = p
     return Series(directory=directory, patches=patches, problems=problems)
+
+
+def load_clean_series(component) -> Series:
+    """The component's series, refusing it (one line, the first problem) when lint finds anything."""
+    series = read_series(component.series_dir)
+    problems = series.all_problems()
+    if problems:
+        more = f" (and {len(problems) - 1} more; run `kvforge lint`)" if len(problems) > 1 else ""
+        raise KvforgeError(f"{problems[0]}{more}")
+    return series
+
+
+def lint_targets(names=()) -> tuple[int, int, list[Problem]]:
+    """Lint the series of the named targets (all when none): (patches checked, targets, problems)."""
+    from .targets import load_all, load_target
+
+    targets = [load_target(n) for n in names] if names else load_all()
+    problems: list[Problem] = []
+    checked = 0
+    for t in targets:
+        for c in t.components:
+            s = read_series(c.series_dir)
+            checked += len(s.patches)
+            problems.extend(s.all_problems())
+    return checked, len(targets), problems

@@ -1,39 +1,72 @@
-"""Fixes x targets: which fix each target carries, in what upstream state, or why it needs none."""
+"""Fixes x (target, component): which fix each carries, in what upstream state, or why it needs none."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .report import table
 from .series import read_series
 from .targets import Target
 
 
 @dataclass
 class Cell:
-    state: str  # carried | in base | absent
+    state: str  # carried | in base
     detail: str
 
 
-def status_matrix(targets: list[Target]) -> tuple[list[str], dict[str, dict[str, Cell]]]:
-    """Return fix ids (series order, first seen first) and cells[fix_id][target_name]."""
-    order: list[str] = []
-    cells: dict[str, dict[str, Cell]] = {}
+@dataclass
+class Matrix:
+    columns: list[tuple[str, str]]  # (target, component), in target order
+    order: list[str]  # fix ids, first seen first
+    cells: dict[str, dict[tuple[str, str], Cell]] = field(default_factory=dict)
+
+    def column_name(self, col: tuple[str, str]) -> str:
+        """'v0.20.1' while every target has one component; 'v0.20.2rc/vllm-ascend' where it matters."""
+        multi = {t for t, _ in self.columns if sum(1 for u, _ in self.columns if u == t) > 1}
+        return f"{col[0]}/{col[1]}" if col[0] in multi else col[0]
+
+    def to_json(self) -> dict:
+        return {fid: {f"{t}/{c}": vars(cell) for (t, c), cell in row.items()} for fid, row in self.cells.items()}
+
+
+def status_matrix(targets: list[Target]) -> Matrix:
+    m = Matrix(columns=[(t.name, c.name) for t in targets for c in t.components], order=[])
     for t in targets:
         for comp in t.components:
-            series = read_series(comp.series_dir)
-            for p in series.patches:
-                fid = p.fix_id
-                if fid not in cells:
-                    order.append(fid)
-                    cells[fid] = {}
-                cells[fid][t.name] = Cell("carried", f"{p.name[:4]} {short_status(p.upstream_status)}")
+            col = (t.name, comp.name)
+            for p in read_series(comp.series_dir).patches:
+                row = m.cells.setdefault(p.fix_id, {})
+                if p.fix_id not in m.order:
+                    m.order.append(p.fix_id)
+                row[col] = Cell("carried", f"{p.name[:4]} {short_status(p.upstream_status)}")
             for entry in comp.in_base:
-                if entry.fix_id not in cells:
-                    order.append(entry.fix_id)
-                    cells[entry.fix_id] = {}
-                cells[entry.fix_id].setdefault(t.name, Cell("in base", entry.reason))
-    return order, cells
+                if entry.fix_id not in m.order:
+                    m.order.append(entry.fix_id)
+                m.cells.setdefault(entry.fix_id, {}).setdefault(col, Cell("in base", entry.reason))
+    return m
+
+
+def render_status(m: Matrix) -> str:
+    notes: list[str] = []
+
+    def cell(fid: str, col) -> str:
+        c = m.cells[fid].get(col)
+        if c is None:
+            return "-"
+        if c.state == "carried":
+            return c.detail
+        text = f"{fid}: {c.detail}"
+        if text not in notes:
+            notes.append(text)
+        return f"in base [{notes.index(text) + 1}]"
+
+    rows = [[fid, *[cell(fid, col) for col in m.columns]] for fid in m.order]
+    out = [table(["fix-id", *[m.column_name(c) for c in m.columns]], rows),
+           "\n'-': not carried there; 'NNNN Status': patch number and Upstream-Status."]
+    out += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+    return "\n".join(out)
 
 
 def short_status(value: str) -> str:

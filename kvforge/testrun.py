@@ -303,16 +303,15 @@ def hardware_command(target: Target, comp: Component, platform: str, nodes: list
             f"--junitxml=kvforge-{target.name}-{platform}.xml " + " ".join(nodes))
 
 
-def test_target(target: Target, cache: Cache, component: str | None, platform: str, on_base: bool,
-                keyword: str | None, source: str = "auto", repo_url: str | None = None,
-                progress: Progress | None = None, stream: bool = True) -> TestResult:
-    from .apply import load_clean_series
+def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: bool = True) -> TestResult:
     from .env import target_env
     from .trees import open_stack
 
-    say = progress or (lambda _m: None)
-    comp = target.component(component)
-    series = load_clean_series(comp)
+    target, comp, say = ctx.target, ctx.component, ctx.progress
+    series = ctx.series() if platform != "cpu" or not ctx.from_rev else None
+    if series is None:
+        stack = open_stack(ctx)
+        series = stack.series
     checks = unique(c for p in series.patches for c in p.checks)
     nodes = selection(comp, platform, checks, target.path)
     state = "base" if on_base else "patched"
@@ -321,13 +320,13 @@ def test_target(target: Target, cache: Cache, component: str | None, platform: s
                           command=hardware_command(target, comp, platform,
                                                    list(comp.tests[platform]) if on_base else nodes, on_base),
                           reason=f"{platform} tests need {HARDWARE[platform]}; this machine has none")
-    stack = open_stack(target, cache, comp.name, source, repo_url, say)
-    env = target_env(target, cache, comp.name, progress=say, base=stack.base)
+    stack = open_stack(ctx) if not ctx.from_rev else stack
+    env = target_env(ctx, base=stack.base)
     env.check()
     result = TestResult(target.name, comp.name, platform, state, stack.base.commit, stack.digest, stack.size,
                         env=env.key)
     n = 0 if on_base else stack.size
-    rdir = results_dir(cache, target.name, comp.name, stack.digest)
+    rdir = results_dir(ctx.cache, target.name, comp.name, stack.digest)
     with stack.lock(say):
         commit = stack.checkout(n)
         if on_base:

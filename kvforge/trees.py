@@ -1,36 +1,43 @@
-"""Stacks: a target's series applied once, one commit per patch, for tests and verify.
+"""Stacks: a series applied once, one commit per patch, for tests, verify and bench.
 
-A stack is keyed by (target, component, series digest). Building it applies the series with the
-same machinery as `kvforge apply` in a kvforge-internal detached worktree and records the tree
-after each patch as refs/kvforge/stacks/<target>/<component>/<digest>/<n> in the base's cached
-repository (n = 0 is the base). `checkout(n)` then moves that one reused worktree to any state with
-`git checkout --detach -f`: no tree is copied per patch, and a built stack costs nothing next time.
+A stack is keyed by (target, component, series digest). Its series is either the series files
+(applied with the git am engine in a kvforge-internal worktree) or, with --from, the commits
+base..REV of a user's tree (copied into the cache repository as they are: nothing is re-applied).
+The tree after patch n is recorded as refs/kvforge/stacks/<target>/<component>/<digest>/<n>
+(n = 0 is the base) in the base's cached repository. `checkout(n)` moves the one reused worktree
+<cache>/trees/.work/<target>-<component> to any state: no tree is copied per patch, and a built
+stack costs nothing next time. kvforge owns these worktrees; users never get them.
 """
 
 from __future__ import annotations
 
-import subprocess
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import gitutil
-from .apply import add_worktree, am_in_progress, am_series, load_clean_series
+from .bases import Base
+from .cache import REF_FROM, REF_STACKS
+from .context import Context, Progress
+from .engine import add_worktree, am_in_progress, am_series
+from .errors import EXIT_USAGE, KvforgeError
 from .fsutil import file_lock
-from .bases import Base, Progress, ensure_base
-from .cache import Cache
-from .series import Series
-from .targets import Component, Target
+from .series import Series, parse_patch
+
+FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--full-index", "--no-signature",
+                "--stat=80", "--find-renames", "--diff-algorithm=myers", "--encoding=UTF-8", "--no-color")
 
 
 @dataclass
 class Stack:
     target: str
-    component: Component
+    component: str
     base: Base
     series: Series
     worktree: Path
     commits: list[str]  # commits[n]: the tree after patch n; commits[0] is the base
     built: bool = False  # True when this call applied the series (False: reused refs)
+    origin: str = "series"  # "series" (the files) or "--from <rev> (<sha>)"
 
     @property
     def size(self) -> int:
@@ -42,7 +49,8 @@ class Stack:
 
     def in_base(self, n: int) -> bool:
         """Patch n changed nothing: git am found it already in the tree."""
-        return n > 0 and self.commits[n] == self.commits[n - 1]
+        return n > 0 and gitutil.rev_parse(self.worktree, f"{self.commits[n]}^{{tree}}") == \
+            gitutil.rev_parse(self.worktree, f"{self.commits[n - 1]}^{{tree}}")
 
     def checkout(self, n: int) -> str:
         """Move the stack's worktree to the base (n=0) or to the tree after patch n; return the commit."""
@@ -59,8 +67,7 @@ class Stack:
     def overlay(self, n: int, paths: list[str]) -> None:
         """Write files as they are after patch n into the worktree (untracked; the next checkout removes them)."""
         for path in paths:
-            data = subprocess.run(["git", "cat-file", "blob", f"{self.commits[n]}:{path}"], cwd=self.worktree,
-                                  capture_output=True, check=True).stdout
+            data = gitutil.run(self.worktree, "cat-file", "blob", f"{self.commits[n]}:{path}", binary=True).stdout
             dest = self.worktree / path
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
@@ -74,34 +81,113 @@ class Stack:
 
 
 def ref_prefix(target: str, component: str, digest: str | None = None) -> str:
-    prefix = f"refs/kvforge/stacks/{target}/{component}"
+    prefix = f"{REF_STACKS}/{target}/{component}"
     return f"{prefix}/{digest}" if digest else prefix
 
 
-def open_stack(target: Target, cache: Cache, component: str | None = None, source: str = "auto",
-               repo_url: str | None = None, progress: Progress | None = None) -> Stack:
-    """The target's stack: reused when its refs exist for this series and base, else built now."""
-    say = progress or (lambda _m: None)
-    comp = target.component(component)
-    series = load_clean_series(comp)
-    base = ensure_base(comp, cache, source, repo_url, say)
-    worktree = cache.trees / ".work" / (f"{target.name}-{comp.name}")
-    worktree.parent.mkdir(parents=True, exist_ok=True)
-    stack = Stack(target.name, comp, base, series, worktree, [])
-    with stack.lock(say):
-        _ensure_worktree(base, worktree)
-        prefix = ref_prefix(target.name, comp.name, series.digest)
+def open_stack(ctx: Context) -> Stack:
+    """ctx's stack: from the series files, or from ctx.from_rev; reused when its refs exist."""
+    if ctx.from_rev:
+        return _stack_from_rev(ctx)
+    series = ctx.series()
+    base = ctx.base()
+    stack = Stack(ctx.target.name, ctx.component.name, base, series, _worktree_path(ctx), [])
+    with stack.lock(ctx.progress):
+        _ensure_worktree(base, stack.worktree)
+        prefix = ref_prefix(ctx.target.name, ctx.component.name, series.digest)
         commits = _read_refs(base.repo, prefix, len(series.patches))
         if commits and commits[0] == base.commit:
             stack.commits = commits
             return stack
-        say(f"applying {len(series.patches)} patches of {comp.series_dir.name} to {base.ref} "
-            f"({base.commit[:12]}) for tests")
-        stack.commits = _build(base, series, worktree)
+        ctx.say(f"applying {len(series.patches)} patches of {ctx.component.series_dir.name} to {base.ref} "
+                f"({base.commit[:12]}) for tests")
+        stack.commits = _build(base, series, stack.worktree)
         stack.built = True
-        _write_refs(base.repo, ref_prefix(target.name, comp.name), prefix, stack.commits)
+        _write_refs(base.repo, ref_prefix(ctx.target.name, ctx.component.name), prefix, stack.commits)
     return stack
 
+
+def _worktree_path(ctx: Context) -> Path:
+    path = ctx.cache.trees / ".work" / f"{ctx.target.name}-{ctx.component.name}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------- --from: a user's commits as the series
+
+def resolve_from(spec: str, cwd: Path | None = None) -> tuple[Path, str]:
+    """`--from` value -> (repository, commit): DIR (its HEAD), DIR:REV, or REV in the current directory's repo."""
+    cwd = Path(cwd or Path.cwd())
+    repo, rev = None, spec
+    if ":" in spec and Path(spec.split(":", 1)[0]).expanduser().is_dir():
+        d, rev = spec.split(":", 1)
+        repo = Path(d).expanduser()
+    elif Path(spec).expanduser().is_dir():
+        repo, rev = Path(spec).expanduser(), "HEAD"
+    if repo is None:
+        top = gitutil.run(cwd, "rev-parse", "--show-toplevel", check=False)
+        if top.returncode != 0:
+            raise KvforgeError(f"--from {spec}: not a directory, and {cwd} is not inside a git repository to "
+                               "resolve it in (use --from DIR or --from DIR:REV)", EXIT_USAGE)
+        repo = Path(top.stdout.strip())
+    elif gitutil.run(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
+        raise KvforgeError(f"--from {spec}: {repo} is not a git repository", EXIT_USAGE)
+    commit = gitutil.rev_parse(repo, f"{rev}^{{commit}}")
+    if not commit:
+        raise KvforgeError(f"--from {spec}: no commit {rev!r} in {repo.resolve()}", EXIT_USAGE)
+    return repo.resolve(), commit
+
+
+def commits_since(repo: Path, base: str, head: str, what: str) -> list[str]:
+    """base..head, oldest first: linear history on top of the base, or a clear refusal."""
+    if gitutil.run(repo, "cat-file", "-e", f"{base}^{{commit}}", check=False).returncode != 0:
+        raise KvforgeError(f"{what}: {repo} does not contain the base commit {base[:12]} (was the tree made by "
+                           "`kvforge apply` for this target?)", EXIT_USAGE)
+    if not gitutil.is_ancestor(repo, base, head):
+        raise KvforgeError(f"{what}: {head[:12]} is not built on the base {base[:12]}", EXIT_USAGE)
+    merges = gitutil.run(repo, "rev-list", "--merges", f"{base}..{head}").stdout.split()
+    if merges:
+        raise KvforgeError(f"{what}: {merges[0][:12]} is a merge commit; a series is linear history", EXIT_USAGE)
+    return gitutil.run(repo, "rev-list", "--reverse", f"{base}..{head}").stdout.split()
+
+
+def patch_name(n: int, fix_id: str | None, subject: str) -> str:
+    slug = fix_id or re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:52] or "patch"
+    return f"{n:04d}-{slug}.patch"
+
+
+def series_from_commits(repo: Path, commits: list[str], directory: Path) -> Series:
+    """The commits as a Series: each one's format-patch bytes, parsed as a patch file would be."""
+    patches = []
+    for n, c in enumerate(commits, 1):
+        raw = gitutil.run(repo, *FORMAT_PATCH, c, binary=True).stdout
+        probe = parse_patch(directory / "commit.patch", raw)
+        patches.append(parse_patch(directory / patch_name(n, probe.value("Fix-Id"), probe.subject), raw))
+    return Series(directory=directory, patches=patches, problems=[])
+
+
+def _stack_from_rev(ctx: Context) -> Stack:
+    base = ctx.base()
+    user_repo, head = resolve_from(ctx.from_rev)
+    what = f"--from {ctx.from_rev}"
+    commits = commits_since(user_repo, base.commit, head, what)
+    if not commits:
+        ctx.say(f"{what}: no commits on top of the base: the stack is the base alone")
+    # Copy the commits into the cache repository (the user's repository is only read).
+    gitutil.run(user_repo, "push", "-q", "--no-verify", str(base.repo),
+                f"{head}:{REF_FROM}/{ctx.target.name}/{ctx.component.name}/head")
+    series = series_from_commits(base.repo, commits, ctx.component.series_dir)
+    for p in series.patches:
+        for prob in p.problems:
+            ctx.say(f"{what}: {p.name} ({p.subject}): {prob.message}")
+    stack = Stack(ctx.target.name, ctx.component.name, base, series, _worktree_path(ctx), [base.commit, *commits],
+                  origin=f"--from {ctx.from_rev} ({head[:12]})")
+    with stack.lock(ctx.progress):
+        _ensure_worktree(base, stack.worktree)
+    return stack
+
+
+# ---------------------------------------------------------------- building from the series files
 
 def _ensure_worktree(base: Base, worktree: Path) -> None:
     registered = gitutil.run(base.repo, "worktree", "list", "--porcelain", check=False).stdout
@@ -128,7 +214,7 @@ def _build(base: Base, series: Series, worktree: Path) -> list[str]:
     gitutil.run(worktree, "checkout", "--detach", "-f", "-q", base.commit)
     gitutil.run(worktree, "clean", "-ffdqx")
     try:
-        outcomes = am_series(worktree, series.patches, base)
+        outcomes = am_series(worktree, series.patches, base.commit)
     except BaseException:
         if am_in_progress(worktree):
             gitutil.run(worktree, "am", "--abort", check=False)

@@ -18,11 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .bases import Progress
-from .cache import Cache
 from .errors import EXIT_TESTS, KvforgeError
 from .fsutil import atomic_write_text
-from .targets import Target
 from .testrun import RunResult, results_dir, run_properties, run_pytest, selection, summary_line, unique
 
 PLATFORM = "cpu"
@@ -147,23 +144,23 @@ def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_b
     return v
 
 
-def verify_target(target: Target, cache: Cache, component: str | None = None, source: str = "auto",
-                  repo_url: str | None = None, progress: Progress | None = None) -> VerifyReport:
+def verify_target(ctx) -> VerifyReport:
+    """Prove ctx's series (the series files, or the commits of --from) patch by patch on CPU."""
     from .env import target_env
     from .trees import open_stack
 
-    say = progress or (lambda _m: None)
+    say = ctx.progress
     start = time.monotonic()
-    comp = target.component(component)
-    stack = open_stack(target, cache, comp.name, source, repo_url, say)
+    target, comp = ctx.target, ctx.component
+    stack = open_stack(ctx)
     patches = stack.series.patches
     all_checks = unique(c for p in patches for c in p.checks)
     final_nodes = selection(comp, PLATFORM, all_checks, target.path)
-    env = target_env(target, cache, comp.name, progress=say, base=stack.base)
+    env = target_env(ctx, base=stack.base)
     env.check()
     report = VerifyReport(target.name, comp.name, PLATFORM, stack.base.ref, stack.base.commit, stack.base.source,
                           stack.digest, str(comp.series_dir), env.key)
-    rdir = results_dir(cache, target.name, comp.name, stack.digest) / "verify"
+    rdir = results_dir(ctx.cache, target.name, comp.name, stack.digest) / "verify"
     needs, overlays = plan(patches, final_nodes, stack)
     runs: dict[int, RunResult] = {}
     say(f"verifying {len(patches)} patches of {target.name} on {stack.base.ref} ({stack.base.commit[:12]}), "

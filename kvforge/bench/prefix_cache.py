@@ -358,21 +358,19 @@ def run_replay(python: Path, environ: dict[str, str], tree: Path, runs: list[tup
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def bench_prefix_cache(target, cache: Cache, scenario_spec: str = "all", scale: float = DEFAULT_SCALE,
-                       seed: int = 0, component: str | None = None, source: str = "auto",
-                       repo_url: str | None = None, progress: Progress | None = None) -> BenchResult:
-    """Replay the scenarios on the target's base and patched trees; aggregate."""
+def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_SCALE, seed: int = 0) -> BenchResult:
+    """Replay the scenarios on ctx's base and patched trees (series files or --from); aggregate."""
     from ..env import target_env
     from ..trees import open_stack
 
-    say = progress or (lambda _m: None)
+    say, target, cache = ctx.progress, ctx.target, ctx.cache
     if not scale > 0:
         raise KvforgeError(f"--scale must be > 0 (got {scale})", EXIT_USAGE)
     runs = parse_scenarios(scenario_spec)
     start = time.monotonic()
-    comp = target.component(component)
-    stack = open_stack(target, cache, comp.name, source, repo_url, say)
-    env = target_env(target, cache, comp.name, progress=say, base=stack.base)
+    comp = ctx.component
+    stack = open_stack(ctx)
+    env = target_env(ctx, base=stack.base)
     env.check()
     result = BenchResult(target.name, comp.name, scale, seed, [run_label(*r) for r in runs], env.key)
     states = [("base", 0)]

@@ -1,0 +1,78 @@
+"""One context per command: the target and component it works on, the cache, how the base is found,
+where the series comes from (the series files, or a user's commits with --from) and how progress
+is reported. The CLI builds it once; library functions take it instead of loose parameters.
+
+Invariants: `component` is one of `target.components`; `base()` materialises the base at most
+once per context; nothing here writes anything but the cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .cache import Cache
+from .targets import Component, Target, load_target
+
+Progress = Callable[[str], None]
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+def branch_name(target: Target, component: Component) -> str:
+    """The branch `apply` creates and `export` reads: kvforge/<target>[-<component>]."""
+    if len(target.components) == 1:
+        return f"kvforge/{target.name}"
+    return f"kvforge/{target.name}-{component.name}"
+
+
+@dataclass
+class Context:
+    cache: Cache
+    target: Target
+    component: Component
+    source: str = "auto"  # base source policy: auto | git | sdist
+    repo_url: str | None = None  # --repo: a git remote or clone for the base
+    progress: Progress = quiet
+    from_rev: str | None = None  # --from: the commits base..REV are the series (see trees.resolve_from)
+    python: Path | None = None  # --python / $KVFORGE_PYTHON: run tests with this interpreter
+    torch_index: str | None = None  # --torch-index / $KVFORGE_TORCH_INDEX
+    _base: object | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(cls, cache: Cache, target_name: str, component: str | None = None, **kw) -> "Context":
+        target = load_target(target_name)
+        python = kw.pop("python", None) or os.environ.get("KVFORGE_PYTHON") or None
+        torch_index = kw.pop("torch_index", None) or os.environ.get("KVFORGE_TORCH_INDEX") or None
+        return cls(cache, target, target.component(component), python=Path(python) if python else None,
+                   torch_index=torch_index, **{k: v for k, v in kw.items() if v is not None})
+
+    def say(self, msg: str) -> None:
+        self.progress(msg)
+
+    @property
+    def branch(self) -> str:
+        return branch_name(self.target, self.component)
+
+    @property
+    def label(self) -> str:
+        """target/component, as reports name it."""
+        return f"{self.target.name}/{self.component.name}"
+
+    def base(self):
+        """The component's base (kvforge.bases.Base), materialised into the cache on first use."""
+        if self._base is None:
+            from .bases import ensure_base
+
+            self._base = ensure_base(self.component, self.cache, self.source, self.repo_url, self.progress)
+        return self._base
+
+    def series(self):
+        """The component's series files, parsed; any lint problem is an error (kvforge.series.Series)."""
+        from .series import load_clean_series
+
+        return load_clean_series(self.component)
