@@ -1,38 +1,38 @@
-"""Apply a target's series to its base as one commit per patch, transactionally.
+"""`kvforge apply`: the series on its base, as one commit per patch, on a branch in a tree the user owns.
 
-The work happens in a hidden, detached worktree next to the destination; no branch exists until
-every patch is in. Then the branch is created (only if it did not exist) and the worktree moved to
-its final place. On failure the hidden worktree is removed and nothing the user can see has changed,
-unless --keep-conflict asks to be left at the failing patch with conflict markers.
+The series is applied by the git am engine in kvforge's own stack (kvforge.trees, in the cache);
+then the result reaches the user in one step:
+- `--into DIR` (DIR absent or empty): a standalone repository is made beside DIR under a hidden
+  temporary name (`.DIR.kvforge-PID`), the base and patch commits are fetched into it (objects
+  copied: no alternates, no worktree link, nothing in the cache refers to it), the branch is
+  checked out, the base tagged kvforge/base/<target>, and the directory renamed to DIR. Either
+  DIR is complete or it does not exist; deleting the cache never affects it.
+- `--into DIR` (an existing repository) or `--repo-dir DIR`: the branch and the base tag are
+  fetched into it with one atomic fetch; its checkout, index and working files are untouched.
+An existing branch is never moved: identical -> no-op; different -> refused with the commands
+that keep the user's work. A killed apply leaves at most a hidden `.DIR.kvforge-PID` directory,
+which the next apply into the same place removes (its process is dead). Nothing is registered in
+the cache repository for a user's tree.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import gitutil
-from .bases import Base, Progress, ensure_base
-from .cache import Cache
-from .errors import EXIT_APPLY, EXIT_USAGE, KvforgeError
-from .series import Patch, Series, load_clean_series
-from .targets import Component, Target
+from .context import Context
+from .engine import ApplyFailure, PatchOutcome, am_series
+from .errors import EXIT_USAGE, KvforgeError
+from .fsutil import crashpoint, file_lock, pid_alive
 
-AM_OPTS = ("am", "-3", "--keep-non-patch", "--committer-date-is-author-date", "--no-gpg-sign")
-
-
-@dataclass
-class PatchOutcome:
-    name: str
-    fix_id: str
-    status: str  # applied | applied (3-way) | in base | failed | not reached
-    commit: str | None = None
-    detail: str = ""
+BASE_TAG = "refs/tags/kvforge/base/{target}"
 
 
 @dataclass
@@ -40,10 +40,12 @@ class ApplyResult:
     target: str
     component: str
     base: str
+    base_ref: str
     base_source: str
-    branch: str | None
-    worktree: str | None
-    head: str | None
+    branch: str
+    tree: str  # the repository that holds the branch
+    mode: str  # created | added (branch added to an existing repository)
+    head: str | None = None
     patches: list[PatchOutcome] = field(default_factory=list)
     seconds: float = 0.0
     noop: bool = False
@@ -51,87 +53,194 @@ class ApplyResult:
     def to_json(self) -> dict:
         return asdict(self)
 
-
-class ApplyFailure(KvforgeError):
-    """A patch did not apply; carries the per-patch outcomes for the report."""
-
-    exit_code = EXIT_APPLY
-
-    def __init__(self, message: str, outcomes: list[PatchOutcome]):
-        super().__init__(message)
-        self.outcomes = outcomes
+    def summary(self) -> str:
+        if self.noop:
+            return f"{self.tree}: {self.branch} already holds this series at {self.head[:12]}: nothing to do"
+        where = "in a new repository" if self.mode == "created" else "added to the existing repository"
+        return (f"{self.branch} at {self.head[:12]} on {self.base_ref} ({self.base[:12]}), {where} {self.tree} "
+                f"({self.seconds:.1f}s)")
 
 
-def default_into(cache: Cache, target: Target, component: Component) -> Path:
-    name = target.name if len(target.components) == 1 else f"{target.name}-{component.name}"
-    return cache.trees / name
+def default_into(ctx: Context) -> Path:
+    return Path.cwd() / f"{ctx.component.name}-{ctx.target.name}"
 
 
-def apply_target(target: Target, cache: Cache, into: Path | None = None, branch: str | None = None,
-                 keep_conflict: bool = False, source: str = "auto", repo_url: str | None = None,
-                 component: str | None = None, progress: Progress | None = None) -> ApplyResult:
-    say = progress or (lambda _m: None)
+def apply_target(ctx: Context, into: Path | None = None, repo_dir: Path | None = None, branch: str | None = None,
+                 keep_conflict: bool = False) -> ApplyResult:
     start = time.monotonic()
-    comp = target.component(component)
-    series = load_clean_series(comp)
-    base = ensure_base(comp, cache, source, repo_url, say)
-    into = Path(into).expanduser().resolve() if into else default_into(cache, target, comp)
-    branch = branch or f"kvforge/{target.name}" + ("" if len(target.components) == 1 else f"-{comp.name}")
-    if gitutil.run(base.repo, "check-ref-format", "--branch", branch, check=False).returncode != 0:
+    series = ctx.series()  # lint first: a bad series touches nothing
+    branch = branch or ctx.branch
+    if gitutil.run(Path.cwd(), "check-ref-format", "--branch", branch, check=False).returncode != 0:
         raise KvforgeError(f"--branch {branch!r} is not a valid branch name", EXIT_USAGE)
-    result = ApplyResult(target.name, comp.name, base.commit, base.source, branch, str(into), None)
+    dest = Path(repo_dir or into or default_into(ctx)).expanduser().absolute()
+    base = ctx.base()
+    with file_lock(ctx.cache.root / "locks" / f"tree-{_key(dest)}.lock", ctx.progress, str(dest)):
+        existing = _existing_repo(dest, must=repo_dir is not None)
+        if keep_conflict and existing:
+            raise KvforgeError(f"--keep-conflict makes a new tree; {dest} is an existing repository "
+                               "(use --into with a new directory)", EXIT_USAGE)
+        result = ApplyResult(ctx.target.name, ctx.component.name, base.commit, base.ref, base.source, branch,
+                             str(dest), "added" if existing else "created")
+        if not existing:
+            _sweep_stale(dest)
+            if dest.exists() and any(dest.iterdir()):
+                raise KvforgeError(f"{dest} exists, is not empty and is not a git repository; choose another --into",
+                                   EXIT_USAGE)
+        have = gitutil.rev_parse(dest, f"refs/heads/{branch}") if existing else None
+        from .trees import open_stack
 
-    existing = gitutil.rev_parse(base.repo, f"refs/heads/{branch}")
-    if not existing and into.exists() and any(into.iterdir()):
-        raise KvforgeError(f"{into} exists and is not empty; choose another --into or remove it", EXIT_USAGE)
-
-    tmp = into.parent / f".{into.name}.kvforge-{os.getpid()}"
-    into.parent.mkdir(parents=True, exist_ok=True)
-    say(f"applying {len(series.patches)} patches to {base.ref} ({base.commit[:12]})")
-    add_worktree(base.repo, tmp, base.commit)
-    try:
-        result.patches = am_series(tmp, series.patches, base)
-    except ApplyFailure as failure:
-        if keep_conflict and not existing:
-            gitutil.run(base.repo, "worktree", "move", str(tmp), str(into))
-            gitutil.run(into, "update-ref", f"refs/heads/{branch}", "HEAD", "")
-            gitutil.run(into, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
-            failure.args = (f"{failure.args[0]}\nleft at the failing patch with conflict markers in {into} "
-                            f"(branch {branch}); resolve, `git add`, then `git am --continue`",)
+        ctx.say(f"applying {len(series.patches)} patches to {base.ref} ({base.commit[:12]})")
+        try:
+            stack = open_stack(ctx)
+        except ApplyFailure as failure:
+            if keep_conflict:
+                _leave_conflict(ctx, dest, branch, failure)
+            raise
+        head = stack.commits[-1]
+        result.patches = _outcomes(ctx, stack)
+        result.head = head
+        if have:
+            if have == head:
+                result.noop = True
+                result.seconds = time.monotonic() - start
+                return result
+            raise KvforgeError(_refusal(ctx, dest, branch, have, base.commit), EXIT_USAGE)
+        refspecs = [f"{stack_ref(ctx, stack)}:refs/heads/{branch}",
+                    f"+refs/tags/{base.ref}:{BASE_TAG.format(target=ctx.target.name)}"]
+        if existing:
+            _fetch(dest, base.repo, refspecs)
         else:
-            remove_worktree(base.repo, tmp)
-        raise
-    except BaseException:
-        remove_worktree(base.repo, tmp)
-        raise
-
-    head = gitutil.rev_parse(tmp, "HEAD")
-    if existing:
-        # Re-running apply: a no-op when the branch already holds exactly this result, else refuse.
-        same = gitutil.rev_parse(base.repo, f"{existing}^{{tree}}") == gitutil.rev_parse(tmp, "HEAD^{tree}")
-        count = gitutil.run(base.repo, "rev-list", "--count", f"{base.commit}..{existing}", check=False).stdout.strip()
-        remove_worktree(base.repo, tmp)
-        applied = sum(1 for o in result.patches if o.commit)
-        if same and count == str(applied):
-            result.noop, result.head = True, existing
-            result.worktree = worktree_of(base.repo, branch)
-            result.seconds = time.monotonic() - start
-            return result
-        raise KvforgeError(f"branch {branch} already exists at {existing[:12]} and differs from this series; "
-                           f"nothing was changed (use --branch NAME, or delete it: "
-                           f"git -C {base.repo} worktree remove <dir> && git -C {base.repo} branch -D {branch})",
-                           EXIT_USAGE)
-    try:
-        if into.exists():
-            into.rmdir()  # empty (checked above)
-        gitutil.run(base.repo, "worktree", "move", str(tmp), str(into))
-        gitutil.run(into, "update-ref", f"refs/heads/{branch}", head, "")  # "" = only if it does not exist
-        gitutil.run(into, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
-    except BaseException:
-        remove_worktree(base.repo, tmp if tmp.exists() else into)
-        raise
-    result.head = head
+            _create(ctx, dest, base.repo, refspecs, branch)
     result.seconds = time.monotonic() - start
     return result
 
 
+def stack_ref(ctx: Context, stack) -> str:
+    from .trees import ref_prefix
+
+    return f"{ref_prefix(ctx.target.name, ctx.component.name, stack.digest)}/{stack.size}"
+
+
+def _key(path: Path) -> str:
+    return hashlib.sha256(str(path).encode()).hexdigest()[:16]
+
+
+def _existing_repo(dest: Path, must: bool) -> bool:
+    """dest is a git repository's top level (work tree or bare)."""
+    if dest.is_dir():
+        res = gitutil.run(dest, "rev-parse", "--show-toplevel", check=False)
+        bare = gitutil.run(dest, "rev-parse", "--is-bare-repository", check=False).stdout.strip() == "true"
+        if (res.returncode == 0 and Path(res.stdout.strip()).resolve() == dest.resolve()) or bare:
+            return True
+    if must:
+        raise KvforgeError(f"--repo-dir {dest}: not a git repository", EXIT_USAGE)
+    return False
+
+
+def _sweep_stale(dest: Path) -> None:
+    """Remove `.DIR.kvforge-PID` directories whose process is dead (a killed apply)."""
+    if not dest.parent.is_dir():
+        return
+    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.kvforge-(\d+)$")
+    for p in dest.parent.iterdir():
+        m = pattern.match(p.name)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _tmp_for(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}.kvforge-{os.getpid()}"
+
+
+def _fetch(repo: Path, source: Path, refspecs: list[str]) -> None:
+    """One atomic fetch: every ref or none; never touches the checkout (fetch refuses a checked-out branch)."""
+    res = gitutil.run(repo, "fetch", "--atomic", "--no-tags", "-q", str(source), *refspecs, check=False)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["git fetch failed"])[-1]
+        raise KvforgeError(f"{repo}: could not add the branch: {last}; nothing was changed", EXIT_USAGE)
+
+
+def _create(ctx: Context, dest: Path, source: Path, refspecs: list[str], branch: str) -> None:
+    tmp = _tmp_for(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _init(tmp)
+        crashpoint("apply:initialized")
+        _fetch(tmp, source, refspecs)
+        crashpoint("apply:fetched")
+        gitutil.run(tmp, "checkout", "-q", branch)
+        crashpoint("apply:checked-out")
+        _record(tmp, ctx)
+        if dest.exists():
+            dest.rmdir()  # empty (checked under the lock)
+        os.rename(tmp, dest)
+        crashpoint("apply:renamed")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _init(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    gitutil.run(path.parent, "init", "-q", str(path))
+
+
+def _record(repo: Path, ctx: Context) -> None:
+    """Note in the tree's own config which target made it (export and status read it)."""
+    gitutil.run(repo, "config", "kvforge.target", ctx.target.name)
+    gitutil.run(repo, "config", "kvforge.component", ctx.component.name)
+
+
+def _leave_conflict(ctx: Context, dest: Path, branch: str, failure: ApplyFailure) -> None:
+    """--keep-conflict: a new tree at the failing patch, git am stopped there with conflict markers."""
+    base = ctx.base()
+    tmp = _tmp_for(dest)
+    try:
+        _init(tmp)
+        _fetch(tmp, base.repo, [f"+refs/tags/{base.ref}:{BASE_TAG.format(target=ctx.target.name)}"])
+        gitutil.run(tmp, "checkout", "-q", "--detach", base.commit)
+        try:
+            am_series(tmp, ctx.series().patches, base.commit, borrow=base.repo)
+        except ApplyFailure:
+            pass
+        gitutil.run(tmp, "update-ref", f"refs/heads/{branch}", "HEAD", "")
+        gitutil.run(tmp, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+        _record(tmp, ctx)
+        if dest.exists():
+            dest.rmdir()
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    failure.args = (f"{failure.args[0]}\nleft at the failing patch with conflict markers in {dest} "
+                    f"(branch {branch}); resolve, `git add`, then `git am --continue`",)
+
+
+def _refusal(ctx: Context, dest: Path, branch: str, have: str, base: str) -> str:
+    n = gitutil.run(dest, "rev-list", "--count", f"{base}..{have}", check=False).stdout.strip() or "?"
+    keep = f"{branch}-mine"
+    return (f"{dest}: branch {branch} is at {have[:12]} ({n} commits on the base) and differs from the series; "
+            f"nothing was changed. To keep that work: `kvforge export -t {ctx.target.name} --from {dest}:{branch}` "
+            f"writes it to the series, or `git -C {dest} branch -m {branch} {keep}` sets it aside and the next apply "
+            f"adds a fresh {branch}; or apply --into another directory")
+
+
+def _outcomes(ctx: Context, stack) -> list[PatchOutcome]:
+    """Per-patch outcomes from the stack: what git am reported when it was built (kept beside it)."""
+    saved = {}
+    from .trees import outcome_file
+
+    note = outcome_file(ctx, stack.digest)
+    if note.is_file():
+        try:
+            saved = {o["name"]: o for o in json.loads(note.read_text(encoding="utf-8"))}
+        except (OSError, ValueError):
+            saved = {}
+    out = []
+    for n, p in enumerate(stack.series.patches, 1):
+        in_base = stack.commits[n] == stack.commits[n - 1]
+        s = saved.get(p.name, {})
+        status = "in base" if in_base else s.get("status", "applied")
+        out.append(PatchOutcome(p.name, p.fix_id, status, None if in_base else stack.commits[n], s.get("detail", "")))
+    return out

@@ -64,17 +64,20 @@ def worktree_of(repo: Path, branch: str) -> str | None:
     return None
 
 
-def am_series(worktree: Path, patches: list[Patch], base_commit: str) -> list[PatchOutcome]:
+def am_series(worktree: Path, patches: list[Patch], base_commit: str,
+              borrow: Path | None = None) -> list[PatchOutcome]:
     """`git am -3` the patches in one run; skip ones already in the tree; explain a failure.
 
     One `git am` call for the whole series keeps the cost that of plain `git am`; the per-patch
     table is recovered from its output ("Applying: <subject>", 3-way fallback, "already applied").
     """
+    # `borrow`: another repository's objects, read (never linked) so the 3-way fallback finds preimages.
+    env = {"GIT_ALTERNATE_OBJECT_DIRECTORIES": str(borrow / "objects")} if borrow else None
     check_link_paths(worktree, patches)
     outcomes = [PatchOutcome(p.name, p.fix_id, "not reached") for p in patches]
     position = 0
     while position < len(patches):
-        res = gitutil.run(worktree, *AM_OPTS, *[str(p.path) for p in patches[position:]], check=False)
+        res = gitutil.run(worktree, *AM_OPTS, *[str(p.path) for p in patches[position:]], check=False, env=env)
         position = _record(res.stdout + "\n" + res.stderr, patches, outcomes, position, worktree)
         if res.returncode == 0:
             break
@@ -88,6 +91,8 @@ def am_series(worktree: Path, patches: list[Patch], base_commit: str) -> list[Pa
             gitutil.run(worktree, "reset", "--hard", "-q", "HEAD", check=False)
             position += 1
             continue
+        if borrow:
+            own_objects(worktree, env)
         reason = diagnose(worktree, failing, res.stdout + "\n" + res.stderr)
         outcomes[position].status = "failed"
         outcomes[position].detail = reason
@@ -181,3 +186,10 @@ def check_link_paths(worktree: Path, patches: list[Patch]) -> None:
             p = prefixes[name]
             raise ApplyFailure(f"{p.name}: {name} is a symbolic link in the base; writing through it is refused",
                                [PatchOutcome(p.name, p.fix_id, "failed", detail="writes through a symlink")])
+
+
+
+def own_objects(worktree: Path, env: dict) -> None:
+    """Make a repository that borrowed objects self-contained: pack everything its refs, HEAD and
+    index (a stopped merge's stages too) reach, the borrowed objects included."""
+    gitutil.run(worktree, "repack", "-a", "-d", "-q", env=env)

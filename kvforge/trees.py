@@ -11,6 +11,7 @@ stack costs nothing next time. kvforge owns these worktrees; users never get the
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from .cache import REF_FROM, REF_STACKS
 from .context import Context, Progress
 from .engine import add_worktree, am_in_progress, am_series
 from .errors import EXIT_USAGE, KvforgeError
-from .fsutil import file_lock
+from .fsutil import atomic_write_text, crashpoint, file_lock
 from .series import Series, parse_patch
 
 FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--full-index", "--no-signature",
@@ -101,10 +102,19 @@ def open_stack(ctx: Context) -> Stack:
             return stack
         ctx.say(f"applying {len(series.patches)} patches of {ctx.component.series_dir.name} to {base.ref} "
                 f"({base.commit[:12]}) for tests")
-        stack.commits = _build(base, series, stack.worktree)
+        stack.commits, outcomes = _build(base, series, stack.worktree)
         stack.built = True
+        crashpoint("stack:applied")
+        atomic_write_text(outcome_file(ctx, series.digest),
+                          json.dumps([vars(o) for o in outcomes], indent=1) + "\n")
+        crashpoint("stack:recorded")
         _write_refs(base.repo, ref_prefix(ctx.target.name, ctx.component.name), prefix, stack.commits)
     return stack
+
+
+def outcome_file(ctx: Context, digest: str) -> Path:
+    """What git am reported for each patch when the stack was built (applied, applied (3-way), in base)."""
+    return _worktree_path(ctx).parent / f"{ctx.target.name}-{ctx.component.name}.{digest}.outcomes.json"
 
 
 def _worktree_path(ctx: Context) -> Path:
@@ -210,7 +220,7 @@ def _read_refs(repo: Path, prefix: str, size: int) -> list[str] | None:
     return commits
 
 
-def _build(base: Base, series: Series, worktree: Path) -> list[str]:
+def _build(base: Base, series: Series, worktree: Path) -> tuple[list[str], list]:
     gitutil.run(worktree, "checkout", "--detach", "-f", "-q", base.commit)
     gitutil.run(worktree, "clean", "-ffdqx")
     try:
@@ -223,7 +233,7 @@ def _build(base: Base, series: Series, worktree: Path) -> list[str]:
     commits = [base.commit]
     for o in outcomes:
         commits.append(o.commit or commits[-1])  # a patch already in the tree leaves it as it was
-    return commits
+    return commits, outcomes
 
 
 def _write_refs(repo: Path, target_prefix: str, prefix: str, commits: list[str]) -> None:

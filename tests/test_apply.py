@@ -1,10 +1,16 @@
-"""`kvforge apply` / `export` on the real vLLM v0.20.2 base: transactional, explicit, reproducible."""
+"""`kvforge apply` on the real vLLM v0.20.2 base: trees the user owns, transactional, reproducible."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from click.testing import CliRunner
 from helpers import git, make_patch, write_series
@@ -19,9 +25,13 @@ def kvforge(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def state(repo: Path) -> tuple[str, str]:
-    """Everything a user could see of the cache repository: refs and worktrees."""
-    return git(repo, "for-each-ref", "--format=%(refname) %(objectname)"), git(repo, "worktree", "list", "--porcelain")
+def state(repo: Path) -> tuple[str, list[str]]:
+    """What apply may not leave in the cache repository: branches, tags, and worktrees other than
+    kvforge's own reused stack worktree (trees/.work/). Stack refs are kvforge's cache, keyed by digest."""
+    refs = git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/heads", "refs/tags")
+    trees = [ln for ln in git(repo, "worktree", "list", "--porcelain").splitlines()
+             if ln.startswith("worktree ") and "/trees/.work/" not in ln]
+    return refs, trees
 
 
 def two_patches(project: Path, base) -> list[str]:
@@ -69,8 +79,79 @@ def test_rerun_is_noop_and_differing_branch_is_refused(project, base_v0202, tmp_
     (project / "patches" / "t" / names[1]).unlink()
     write_series(project, names[0])
     res = kvforge("apply", "-t", "t", "--into", str(into), "--branch", "rerun")
-    assert res.exit_code == 2 and "already exists" in res.output and "nothing was changed" in res.output
+    assert res.exit_code == 2 and "differs from the series" in res.output and "nothing was changed" in res.output
     assert git(into, "rev-parse", "HEAD").strip() == mine != head
+    # The refusal names the real path and a rename, never a deletion; following it works.
+    err = res.output.strip().splitlines()[-1]
+    assert f"git -C {into} branch -m rerun rerun-mine" in err and "branch -D" not in err and "<dir>" not in err
+    git(into, "branch", "-m", "rerun", "rerun-mine")
+    res = kvforge("apply", "-t", "t", "--into", str(into), "--branch", "rerun")
+    assert res.exit_code == 0, res.output
+    assert git(into, "rev-parse", "rerun-mine").strip() == mine  # the work is kept
+    assert git(into, "rev-list", "--count", f"{base.commit}..rerun").strip() == "1"
+    assert git(into, "rev-parse", "--abbrev-ref", "HEAD").strip() == "rerun-mine"  # checkout untouched
+
+
+def test_tree_survives_deleting_the_cache(project, base_v0202, tmp_path, monkeypatch):
+    """--into makes a standalone repository: no alternates, no worktree link; the cache can go."""
+    cache, base = base_v0202
+    two_patches(project, base)
+    own_cache = tmp_path / "cache"
+    shutil.copytree(cache.root / "downloads", own_cache / "downloads")
+    monkeypatch.setenv("KVFORGE_CACHE", str(own_cache))
+    into = tmp_path / "tree"
+    assert kvforge("apply", "-t", "t", "--into", str(into)).exit_code == 0
+    assert (into / ".git").is_dir() and not (into / ".git" / "objects" / "info" / "alternates").exists()
+    (into / "mine.txt").write_text("mine\n")
+    git(into, "add", "mine.txt")
+    git(into, "commit", "-qm", "unexported work")
+    shutil.rmtree(own_cache)
+    assert git(into, "log", "--format=%s").splitlines()[:3] == ["unexported work", "[Core] second change",
+                                                                 "[Core] first change"]
+    assert git(into, "rev-parse", "kvforge/base/t").strip() == base.commit
+    git(into, "fsck", "--strict")  # every object is in the tree's own repository
+
+
+def test_new_into_gives_a_new_tree_after_the_first_is_deleted(project, base_v0202, tmp_path):
+    cache, base = base_v0202
+    two_patches(project, base)
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert kvforge("apply", "-t", "t", "--into", str(first)).exit_code == 0
+    shutil.rmtree(first)
+    res = kvforge("apply", "-t", "t", "--into", str(second), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["mode"] == "created"
+    assert "# second" in (second / UTILS).read_text()
+
+
+def test_repo_dir_adds_the_branch_and_leaves_the_checkout_alone(project, base_v0202, tmp_path):
+    cache, base = base_v0202
+    two_patches(project, base)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    git(clone, "init", "-q")
+    git(clone, "fetch", "-q", str(base.repo), f"{base.commit}:refs/heads/main")
+    git(clone, "checkout", "-q", "main")
+    (clone / POOL).write_text("uncommitted edit\n")  # a tracked file changed
+    (clone / "untracked.txt").write_text("new\n")
+    git(clone, "add", "untracked.txt")  # staged
+    before = (git(clone, "status", "--porcelain"), git(clone, "diff"), git(clone, "diff", "--cached"),
+              git(clone, "rev-parse", "HEAD"), git(clone, "symbolic-ref", "HEAD"))
+    res = kvforge("apply", "-t", "t", "--repo-dir", str(clone), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["mode"] == "added"
+    after = (git(clone, "status", "--porcelain"), git(clone, "diff"), git(clone, "diff", "--cached"),
+             git(clone, "rev-parse", "HEAD"), git(clone, "symbolic-ref", "HEAD"))
+    assert after == before
+    assert (clone / POOL).read_text() == "uncommitted edit\n"
+    assert git(clone, "rev-parse", "kvforge/t").strip() == data["head"]
+    assert git(clone, "log", "--format=%s", "-2", "kvforge/t").splitlines() == ["[Core] second change",
+                                                                              "[Core] first change"]
+    # Again: a no-op. A repo-dir that is not a repository: one line, exit 2.
+    assert "nothing to do" in kvforge("apply", "-t", "t", "--repo-dir", str(clone)).output
+    res = kvforge("apply", "-t", "t", "--repo-dir", str(tmp_path))
+    assert res.exit_code == 2 and "not a git repository" in res.output
 
 
 def test_conflicting_patch_leaves_nothing_behind(project, base_v0202, tmp_path):
@@ -93,13 +174,14 @@ def test_conflicting_patch_leaves_nothing_behind(project, base_v0202, tmp_path):
                            "does not apply at line 127"), line
     assert state(base.repo) == before  # no branch, no worktree, no ref
     assert not into.exists()
-    assert not any(p.name.startswith(".tree.kvforge") for p in tmp_path.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diverge.patch", "project"]  # nothing hidden
     # --keep-conflict: left at the failing patch, with conflict markers, on the branch.
     res = kvforge("apply", "-t", "t", "--into", str(into), "--keep-conflict")
-    assert res.exit_code == 3
+    assert res.exit_code == 3, res.output
     assert "<<<<<<<" in (into / POOL).read_text()
     assert git(into, "log", "-1", "--format=%s").strip() == "[Core] fine"
     assert git(into, "rev-parse", "--abbrev-ref", "HEAD").strip() == "kvforge/t"
+    git(into, "fsck", "--no-dangling")  # self-contained: the borrowed preimages were copied in
 
 
 def test_patch_already_in_base_is_reported_and_skipped(project, base_v0202, tmp_path):
@@ -119,21 +201,6 @@ def test_patch_already_in_base_is_reported_and_skipped(project, base_v0202, tmp_
     outcomes = json.loads(res.stdout)["patches"]
     assert [o["status"] for o in outcomes] == ["in base", "applied"]
     assert outcomes[0]["commit"] is None
-
-
-def test_reexport_is_byte_identical(project, base_v0202, tmp_path):
-    cache, base = base_v0202
-    names = two_patches(project, base)
-    assert kvforge("apply", "-t", "t", "--into", str(tmp_path / "tree")).exit_code == 0
-    out = tmp_path / "exported"
-    res = kvforge("export", "-t", "t", "--out", str(out))
-    assert res.exit_code == 0, res.output
-    for name in names:
-        assert (out / name).read_bytes() == (project / "patches" / "t" / name).read_bytes(), name
-    assert (out / "series").read_text().split() == names
-    # Export into the series itself: nothing is rewritten.
-    res = kvforge("export", "-t", "t", "--json")
-    assert [e["changed"] for e in json.loads(res.stdout)] == [False, False]
 
 
 def test_lint_errors_stop_apply_before_touching_anything(project, base_v0202, tmp_path):
@@ -160,8 +227,7 @@ def test_unknown_target_lists_known_ones(project):
 
 def test_write_through_a_symlink_of_the_base_is_refused(tmp_path):
     """A tree whose `docs` is a link to outside: a patch writing docs/x must not be applied."""
-    from kvforge.apply import ApplyFailure, am_series
-    from kvforge.bases import Base
+    from kvforge.engine import ApplyFailure, am_series
     from kvforge.series import parse_patch
 
     repo = tmp_path / "repo"
@@ -189,9 +255,8 @@ def test_write_through_a_symlink_of_the_base_is_refused(tmp_path):
     patch.write_bytes(format_patch(other, "HEAD"))
     parsed = parse_patch(patch)
     assert parsed.problems == []  # the diff alone is fine: only the base shows the link
-    base = Base("c", "git", repo, "main", base_commit, "test")
     try:
-        am_series(repo, [parsed], base)
+        am_series(repo, [parsed], base_commit)
     except ApplyFailure as exc:
         assert "docs is a symbolic link in the base" in str(exc)
     else:
@@ -231,3 +296,56 @@ def test_patch_in_base_after_applied_ones_keeps_their_commits(project, base_v020
     assert [o["status"] for o in outcomes] == ["applied", "in base", "applied"]
     assert git(into, "log", "--format=%s", f"{base.commit}..HEAD").splitlines() == ["[Core] third", "[Core] first"]
     assert "# first" in (into / POOL).read_text()
+
+
+CRASH_STEPS = ["stack:applied", "stack:recorded", "apply:initialized", "apply:fetched", "apply:checked-out",
+               "apply:renamed"]
+
+
+def run_kvforge(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "KVFORGE_CRASH_AT"}
+    if crash_at:
+        env["KVFORGE_CRASH_AT"] = crash_at
+    return subprocess.run([sys.executable, "-m", "kvforge.cli", *args], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("step", CRASH_STEPS)
+def test_apply_killed_at_every_step_leaves_nothing_half_made(project, base_v0202, tmp_path, step):
+    """SIGKILL at each step boundary; then: the next run succeeds, no hidden tree, no extra worktree or
+    ref in the cache repository, the series files unchanged, and the tree is complete or absent."""
+    cache, base = base_v0202
+    two_patches(project, base)
+    # Forget stacks built by earlier tests, so this run really builds one (and can be killed doing it).
+    for ref in git(base.repo, "for-each-ref", "--format=%(refname)", "refs/kvforge/stacks").split():
+        git(base.repo, "update-ref", "-d", ref)
+    patches_before = {p.name: p.read_bytes() for p in (project / "patches" / "t").iterdir()}
+    worktrees_before = state(base.repo)
+    users = tmp_path / "user"
+    users.mkdir()
+    into = users / "tree"
+    killed = run_kvforge("apply", "-t", "t", "--into", str(into), crash_at=step)
+    assert killed.returncode == -9, killed.stderr
+    if into.exists():  # only past the final rename: then it is complete
+        assert step == "apply:renamed"
+        assert git(into, "status", "--porcelain") == ""
+    res = run_kvforge("apply", "-t", "t", "--into", str(into), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["noop"] == (step == "apply:renamed")
+    assert sorted(p.name for p in users.iterdir()) == ["tree"]  # no .tree.kvforge-PID left
+    assert git(into, "log", "--format=%s", "-2").splitlines() == ["[Core] second change", "[Core] first change"]
+    assert state(base.repo) == worktrees_before
+    assert {p.name: p.read_bytes() for p in (project / "patches" / "t").iterdir()} == patches_before
+
+
+def test_two_concurrent_applies_into_one_place(project, base_v0202, tmp_path):
+    """Both finish cleanly: one makes the tree, the other finds it and has nothing to do."""
+    cache, base = base_v0202
+    two_patches(project, base)
+    into = tmp_path / "tree"
+    env = {k: v for k, v in os.environ.items() if k != "KVFORGE_CRASH_AT"}
+    procs = [subprocess.Popen([sys.executable, "-m", "kvforge.cli", "apply", "-t", "t", "--into", str(into), "--json"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sorted(json.loads(o)["noop"] for o, _ in outs) == [False, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "tree"]
