@@ -154,7 +154,8 @@ def _tmp_for(dest: Path) -> Path:
 
 def _fetch(repo: Path, source: Path, refspecs: list[str]) -> None:
     """One atomic fetch: every ref or none; never touches the checkout (fetch refuses a checked-out branch)."""
-    res = gitutil.run(repo, "fetch", "--atomic", "--no-tags", "-q", str(source), *refspecs, check=False)
+    res = gitutil.run(repo, "fetch", "--atomic", "--update-shallow", "--no-tags", "-q", str(source), *refspecs,
+                      check=False)
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["git fetch failed"])[-1]
         raise KvforgeError(f"{repo}: could not add the branch: {last}; nothing was changed", EXIT_USAGE)

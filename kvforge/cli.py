@@ -48,7 +48,7 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except KvforgeError as exc:
-            fail(str(exc).splitlines()[0] if as_json else str(exc), exc.exit_code, as_json)
+            fail(str(exc).splitlines()[0] if as_json else str(exc), exc.exit_code, as_json and not exc.emitted)
         except KeyboardInterrupt:
             click.echo("kvforge: interrupted", err=True)
             sys.exit(130)

@@ -30,8 +30,10 @@ class KvforgeError(Exception):
     """A user-facing failure. `exit_code` is one of EXIT_CODES; the message is one line."""
 
     exit_code = EXIT_USAGE
+    emitted = False  # True when the command already printed its JSON document (with "error" and "exit")
 
-    def __init__(self, message: str, exit_code: int | None = None):
+    def __init__(self, message: str, exit_code: int | None = None, emitted: bool = False):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+        self.emitted = emitted

@@ -22,7 +22,7 @@ from typing import Callable, TextIO
 from .bases import Progress
 from .cache import Cache
 from .env import Env
-from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .targets import Component, Target
 
 FAILING = ("failed", "error", "missing")
@@ -366,22 +366,32 @@ def summary_line(run: RunResult) -> str:
             f"{run.seconds:.1f}s" + (f" ({absent} selected not in this tree)" if absent else ""))
 
 
+def test_verdict(result: TestResult) -> tuple[int, str | None]:
+    """The exit code and, when not 0, the one-line reason."""
+    if result.command is not None:
+        return EXIT_NOT_RUN, (f"not run: {result.reason} (nothing was tested; the command above is for a "
+                              f"{result.platform} runner)")
+    if not result.ok:
+        run = result.run
+        return EXIT_TESTS, (f"{result.target} {result.state}: {result.reason}"
+                            + (f" (log: {run.log})" if run and run.log else ""))
+    return 0, None
+
+
 def print_test_result(result: TestResult, as_json: bool, out: Callable[[str], None] | None = None) -> None:
     import click
 
     echo = out or click.echo
+    code, error = test_verdict(result)
     if as_json:
         from .report import emit_json
 
-        emit_json(result.to_json())
-    if result.command is not None:
-        if not as_json:
-            echo(f"# {result.target} {result.platform} tests: on a runner with {HARDWARE[result.platform]}:")
-            echo(result.command)
-        raise KvforgeError(f"not run: {result.reason} (nothing was tested; the command above is for a "
-                           f"{result.platform} runner)", EXIT_ENV)
-    run = result.run
-    if not as_json:
+        emit_json({**result.to_json(), "exit": code, "error": error})
+    elif result.command is not None:
+        echo(f"# {result.target} {result.platform} tests: on a runner with {HARDWARE[result.platform]}:")
+        echo(result.command)
+    else:
+        run = result.run
         if result.skipped_checks:
             echo(f"skipped {len(result.skipped_checks)} Checks tests the base tree does not have (patches add them)")
         for p in run.problems():
@@ -393,6 +403,5 @@ def print_test_result(result: TestResult, as_json: bool, out: Callable[[str], No
              f"{result.platform}: {summary_line(run)}")
         if run.junit:
             echo(f"JUnit XML: {run.junit}")
-    if not result.ok:
-        raise KvforgeError(f"{result.target} {result.state}: {result.reason}"
-                           + (f" (log: {run.log})" if run.log else ""), EXIT_TESTS)
+    if error:
+        raise KvforgeError(error, code, emitted=as_json)

@@ -168,9 +168,11 @@ def patch_name(n: int, fix_id: str | None, subject: str) -> str:
 
 def series_from_commits(repo: Path, commits: list[str], directory: Path) -> Series:
     """The commits as a Series: each one's format-patch bytes, parsed as a patch file would be."""
+    from .export import format_patch  # export pins every byte-affecting git setting; import here: no cycle
+
     patches = []
     for n, c in enumerate(commits, 1):
-        raw = gitutil.run(repo, *FORMAT_PATCH, c, binary=True).stdout
+        raw = format_patch(repo, c)
         probe = parse_patch(directory / "commit.patch", raw)
         patches.append(parse_patch(directory / patch_name(n, probe.value("Fix-Id"), probe.subject), raw))
     return Series(directory=directory, patches=patches, problems=[])
@@ -185,7 +187,7 @@ def _stack_from_rev(ctx: Context) -> Stack:
         ctx.say(f"{what}: no commits on top of the base: the stack is the base alone")
     # Copy the commits into the cache repository (the user's repository is only read).
     gitutil.run(user_repo, "push", "-q", "--no-verify", str(base.repo),
-                f"{head}:{REF_FROM}/{ctx.target.name}/{ctx.component.name}/head")
+                f"+{head}:{REF_FROM}/{ctx.target.name}/{ctx.component.name}/head")
     series = series_from_commits(base.repo, commits, ctx.component.series_dir)
     for p in series.patches:
         for prob in p.problems:

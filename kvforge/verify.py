@@ -73,6 +73,7 @@ class VerifyReport:
     series: str
     series_dir: str
     env: str
+    origin: str = "series"  # the series files, or "--from REV (sha)"
     patches: list[PatchVerdict] = field(default_factory=list)
     regression: dict = field(default_factory=dict)
     runs: list[dict] = field(default_factory=list)
@@ -159,7 +160,7 @@ def verify_target(ctx) -> VerifyReport:
     env = target_env(ctx, base=stack.base)
     env.check()
     report = VerifyReport(target.name, comp.name, PLATFORM, stack.base.ref, stack.base.commit, stack.base.source,
-                          stack.digest, str(comp.series_dir), env.key)
+                          stack.digest, str(comp.series_dir), env.key, stack.origin)
     rdir = results_dir(ctx.cache, target.name, comp.name, stack.digest) / "verify"
     needs, overlays = plan(patches, final_nodes, stack)
     runs: dict[int, RunResult] = {}
@@ -208,14 +209,26 @@ def _frac(pair: tuple[int, int], seconds: float) -> str:
     return f"{pair[0]}/{pair[1]} ({seconds:.1f}s)" if pair[1] else "-"
 
 
+def verdict(report: VerifyReport) -> tuple[int, str | None]:
+    """The exit code and, when not 0, the one-line reason."""
+    if report.ok:
+        return 0, None
+    unproven = sum(p.status == "unproven" for p in report.patches)
+    failing = sum(p.status == "failing" for p in report.patches)
+    parts = [f"{unproven} unproven" if unproven else "", f"{failing} failing" if failing else "",
+             "" if report.regression.get("ok") else "regression suite fails"]
+    return EXIT_TESTS, f"verify {report.target}: " + ", ".join(p for p in parts if p)
+
+
 def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str], None] | None = None) -> None:
     import click
 
     from .report import emit_json, table
 
     echo = out or click.echo
+    code, error = verdict(report)
     if as_json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), "exit": code, "error": error})
     else:
         echo(f"{report.target}/{report.component}: {report.base_ref} ({report.base[:12]}, {report.base_source}) + "
              f"series {report.series} ({len(report.patches)} patches), env {report.env}, {report.platform}")
@@ -243,12 +256,8 @@ def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str]
              f"{r['failed']} failed, {r['errors']} errors, {r['skipped']} skipped in {r['seconds']:.1f}s"
              + ("" if r["ok"] else f"  FAILED: {r['reason']}"))
         echo(f"report: {report.report} ({len(report.runs)} pytest runs, {report.seconds:.1f}s)")
-    if not report.ok:
-        unproven = sum(p.status == "unproven" for p in report.patches)
-        failing = sum(p.status == "failing" for p in report.patches)
-        parts = [f"{unproven} unproven" if unproven else "", f"{failing} failing" if failing else "",
-                 "" if report.regression.get("ok") else "regression suite fails"]
-        raise KvforgeError(f"verify {report.target}: " + ", ".join(p for p in parts if p), EXIT_TESTS)
+    if error:
+        raise KvforgeError(error, code, emitted=as_json)
     if not as_json:
         proven = sum(p.status == "proven" for p in report.patches)
         echo(f"verify {report.target}: OK: {proven} fix{'' if proven == 1 else 'es'} proven, regression suite passes"

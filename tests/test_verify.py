@@ -253,7 +253,7 @@ def test_test_exits_4_on_failures_and_when_nothing_ran(fake):
 
 def test_hardware_platforms_print_the_command_and_never_pass(fake):
     res = kvforge("test", "--target", "fake", "--platform", "cuda")
-    assert res.exit_code == 5
+    assert res.exit_code == 7
     assert "kvforge apply --target fake" in res.stdout and "python -m pytest" in res.stdout
     assert "not run" in errline(res)
     npu = kvforge("test", "--target", "fake", "--platform", "npu")
@@ -291,16 +291,15 @@ def test_patch_that_does_not_apply_is_a_clear_error(fake):
 
 def test_stack_reuses_one_worktree_and_records_each_patch(fake):
     from kvforge.cache import Cache
-    from kvforge.targets import load_target
+    from kvforge.context import Context
     from kvforge.trees import open_stack
 
     c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
     fake.patch("0002-double-doc", {CORE: ("def double(x):", "def double(x):  # twice")}, kind="refactor", start=c1)
     fake.series("0001-clamp-upper", "0002-double-doc")
-    target, cache = load_target("fake"), Cache(fake.cache)
-    stack = open_stack(target, cache)
+    stack = open_stack(Context.load(Cache(fake.cache), "fake"))
     assert stack.built and len(stack.commits) == 3 and stack.commits[0] == fake.base
-    again = open_stack(target, cache)
+    again = open_stack(Context.load(Cache(fake.cache), "fake"))
     assert not again.built and again.commits == stack.commits and again.worktree == stack.worktree
     refs = git(stack.base.repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/kvforge/stacks/")
     assert len(refs.splitlines()) == 3 and f"refs/kvforge/stacks/fake/vllm/{stack.digest}/2 {stack.commits[2]}" in refs
@@ -315,6 +314,59 @@ def test_stack_reuses_one_worktree_and_records_each_patch(fake):
     # A changed series gets a new stack and the old one's refs are dropped.
     (fake.root / "patches" / "fake" / "0002-double-doc.patch").unlink()
     fake.series("0001-clamp-upper")
-    third = open_stack(load_target("fake"), cache)
+    third = open_stack(Context.load(Cache(fake.cache), "fake"))
     refs = git(stack.base.repo, "for-each-ref", "--format=%(refname)", "refs/kvforge/stacks/").split()
     assert third.built and third.digest != stack.digest and len(refs) == 2
+
+
+def test_verify_from_a_tree_proves_its_commits_and_catches_a_reverted_fix(fake, tmp_path):
+    """--from: the commits of a user's tree are the series. Rewriting commit 1 so that its fix is
+    reverted (its tests kept) makes that commit unproven, before anything is exported."""
+    c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.patch("0002-double-doc", {CORE: ("def double(x):", "def double(x):  # twice")}, kind="refactor", start=c1)
+    fake.series("0001-clamp-upper", "0002-double-doc")
+    tree = tmp_path / "tree"
+    res = kvforge("apply", "-t", "fake", "--into", str(tree))
+    assert res.exit_code == 0, res.output
+    res = kvforge("verify", "-t", "fake", "--from", str(tree), "--json")
+    assert res.exit_code == 0, res.output
+    assert [p["status"] for p in json.loads(res.stdout)["patches"]] == ["proven", "pass-to-pass"]
+    # The user's edit: commit 1 loses its code change (the tests stay), commit 2 is replayed on top.
+    git(tree, "checkout", "-q", "-b", "edited", "kvforge/base/fake")
+    git(tree, "cherry-pick", "-n", "kvforge/fake~1")
+    git(tree, "checkout", "kvforge/base/fake", "--", CORE)
+    git(tree, "commit", "-q", "-C", "kvforge/fake~1")
+    git(tree, "cherry-pick", "kvforge/fake")
+    series_before = {p.name: p.read_bytes() for p in (fake.root / "patches" / "fake").iterdir()}
+    res = kvforge("verify", "-t", "fake", "--from", f"{tree}:edited", "--json")
+    assert res.exit_code == 4, res.output
+    report = json.loads(res.stdout)
+    first = report["patches"][0]
+    assert first["fix_id"] == "clamp-upper" and first["status"] != "proven"
+    assert "tests/test_kvforge_clamp.py::test_clamp_upper fails with the patch" in first["reason"]
+    assert report["origin"].startswith(f"--from {tree}:edited")
+    # Nothing was exported or changed: the series files are as they were, the tree too.
+    assert {p.name: p.read_bytes() for p in (fake.root / "patches" / "fake").iterdir()} == series_before
+    assert git(tree, "status", "--porcelain") == ""
+    # REV in the current directory's repository works the same way.
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tree)
+    try:
+        res = kvforge("test", "-t", "fake", "--from", "edited")
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == 4 and "test_clamp_upper" in res.output
+
+
+def test_from_a_tree_without_the_base_is_refused(fake, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / "x").write_text("x\n")
+    git(other, "add", "x")
+    git(other, "commit", "-qm", "unrelated")
+    res = kvforge("verify", "-t", "fake", "--from", str(other), "--json")
+    assert res.exit_code == 2
+    assert "does not contain the base commit" in json.loads(res.stdout)["error"]
