@@ -1,21 +1,30 @@
-"""Fast tests of `kvforge bench prefix-cache`: workloads, ceilings, aggregation, goals, table, CLI.
+"""Fast tests of `kvforge bench prefix-cache`: workloads, ceilings, the replay's isolation and its
+vLLM-free parts (invariants checker, sampler), aggregation, goals, table, provenance, CLI.
 
-No vLLM here: replay.py's top level is standard library only, and the aggregation works on the
-JSON documents the replay writes (built by hand below).
+No vLLM here: the replay package (kvforge/bench/replay/) imports vLLM only inside functions, and
+the aggregation works on the JSON documents the replay writes (built by hand below).
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from kvforge.bench import prefix_cache as pc
+from kvforge.bench.replay import ceilings, topologies, workloads
+from kvforge.bench.replay.invariants import Checker
+from kvforge.bench.replay.sampler import Sampler
 from kvforge.cli import main
 from kvforge.errors import KvforgeError
-
-replay = pc.replay_module()
 
 
 def req(prompt, output=(9, 9), label="r"):
@@ -28,7 +37,7 @@ def test_ceiling_resend_pattern():
     shared = list(range(8))
     a = shared + list(range(100, 124))  # 32 tokens
     b = shared + list(range(200, 232))  # shares one 8-token block with a
-    got = replay.ceilings([req(a), req(a), req(b), req(a)], align=8)
+    got = ceilings.ceilings([req(a), req(a), req(b), req(a)], align=8)
     # A.1 cold; A.2 all but the last token, in whole blocks; B only the shared block; A.3 like A.2.
     assert got == [0, 24, 8, 24]
 
@@ -36,32 +45,32 @@ def test_ceiling_resend_pattern():
 def test_ceiling_counts_earlier_outputs_but_not_the_last_token():
     turn1 = req(list(range(16)), output=list(range(1000, 1010)))  # computes 16 + 9 tokens
     turn2 = req(turn1["prompt"] + turn1["output"] + list(range(2000, 2030)))
-    got = replay.ceilings([turn1, turn2], align=4)
+    got = ceilings.ceilings([turn1, turn2], align=4)
     assert got == [0, 24]  # 25 computed tokens -> 6 whole blocks of 4
 
 
 def test_ceiling_is_capped_below_the_prompt_and_aligned():
     p = list(range(20))
-    assert replay.ceilings([req(p), req(p)], align=8) == [0, 16]  # 19 tokens at most -> 16
-    assert replay.ceilings([req(p), req(p)], align=32) == [0, 0]
+    assert ceilings.ceilings([req(p), req(p)], align=8) == [0, 16]  # 19 tokens at most -> 16
+    assert ceilings.ceilings([req(p), req(p)], align=32) == [0, 0]
 
 
 def test_ceiling_needs_a_contiguous_prefix():
     a = list(range(32))
     b = [999] + a[1:]  # differs in the first token only
-    assert replay.ceilings([req(a), req(b)], align=8) == [0, 0]
+    assert ceilings.ceilings([req(a), req(b)], align=8) == [0, 0]
 
 
 def test_hit_alignment_is_the_lcm_of_block_sizes():
-    assert replay.hit_alignment(replay.DSV4_GROUPS) == 256
-    assert replay.hit_alignment(replay.GEMMA4_DFLASH_GROUPS) == 64
-    assert replay.hit_alignment(replay.EXTERNAL_GROUPS) == 16
+    assert topologies.hit_alignment(topologies.DSV4_GROUPS) == 256
+    assert topologies.hit_alignment(topologies.GEMMA4_DFLASH_GROUPS) == 64
+    assert topologies.hit_alignment(topologies.EXTERNAL_GROUPS) == 16
 
 
 # ---------------------------------------------------------------- workloads
 
 def test_dsv4_resend_workload_matches_the_seed():
-    wl = replay.workload("dsv4-resend", "", 1.0)
+    wl = workloads.workload("dsv4-resend", "", 1.0)
     a1, a2, b, a3 = wl["requests"]
     assert [r["label"] for r in wl["requests"]] == ["A.1", "A.2", "B", "A.3"]
     assert len(a1["prompt"]) == 373_943 and len(b["prompt"]) == 378_175
@@ -76,14 +85,14 @@ def test_dsv4_resend_workload_matches_the_seed():
 @pytest.mark.parametrize("scale", [0.05, 0.25, 1.0])
 def test_scale_keeps_the_dsv4_churn(scale):
     """One request pushes more blocks through the 4-token group than the pool holds."""
-    wl = replay.workload("dsv4-resend", "", scale)
+    wl = workloads.workload("dsv4-resend", "", scale)
     a = wl["requests"][0]
     assert len(a["prompt"]) // 4 > wl["config"]["num_blocks"]
     assert wl["config"]["max_num_batched_tokens"] % 256 == 0
 
 
 def test_dsv4_repeat_resends_ninety_percent():
-    wl = replay.workload("dsv4-repeat", "", 0.25)
+    wl = workloads.workload("dsv4-repeat", "", 0.25)
     reqs = wl["requests"]
     resent = [r for r in reqs if "=" in r["label"]]
     assert len(reqs) == 512 and len(resent) == round(0.9 * 512)
@@ -97,19 +106,19 @@ def test_dsv4_repeat_resends_ninety_percent():
 
 
 def test_workloads_are_deterministic():
-    assert replay.workload("gptoss-eagle", "", 0.1) == replay.workload("gptoss-eagle", "", 0.1)
-    assert replay.workload("gptoss-eagle", "", 0.1, seed=1) != replay.workload("gptoss-eagle", "", 0.1)
+    assert workloads.workload("gptoss-eagle", "", 0.1) == workloads.workload("gptoss-eagle", "", 0.1)
+    assert workloads.workload("gptoss-eagle", "", 0.1, seed=1) != workloads.workload("gptoss-eagle", "", 0.1)
 
 
 def test_gemma_spec_off_drops_the_draft_group():
-    on, off = (replay.workload("gemma4-dflash", v, 0.1) for v in ("", "nospec"))
+    on, off = (workloads.workload("gemma4-dflash", v, 0.1) for v in ("", "nospec"))
     assert len(on["groups"]) == 3 and on["config"]["spec"]["method"] == "dflash"
     assert len(off["groups"]) == 2 and off["config"]["spec"] is None
     assert on["requests"] == off["requests"]
 
 
 def test_external_hit_sweep_points():
-    wl = replay.workload("external-hit", "", 0.05)
+    wl = workloads.workload("external-hit", "", 0.05)
     points = wl["sweep"]
     assert len(points) == 37 and [p["point"] for p in points] == sorted(p["point"] for p in points)
     turn1, load, turn3 = points[0]["requests"]
@@ -119,24 +128,184 @@ def test_external_hit_sweep_points():
 
 
 def test_parse_runs():
-    assert replay.parse_runs("all") == [(n, v) for n, vs in replay.SCENARIOS.items() for v in vs]
-    assert replay.parse_runs("gemma4-dflash") == [("gemma4-dflash", ""), ("gemma4-dflash", "nospec")]
-    assert replay.parse_runs("gemma4-dflash/nospec,dsv4-resend") == [("gemma4-dflash", "nospec"),
+    assert workloads.parse_runs("all") == [(n, v) for n, vs in workloads.SCENARIOS.items() for v in vs]
+    assert workloads.parse_runs("gemma4-dflash") == [("gemma4-dflash", ""), ("gemma4-dflash", "nospec")]
+    assert workloads.parse_runs("gemma4-dflash/nospec,dsv4-resend") == [("gemma4-dflash", "nospec"),
                                                                     ("dsv4-resend", "")]
-    assert replay.parse_runs("dsv4-resend,dsv4-resend") == [("dsv4-resend", "")]
+    assert workloads.parse_runs("dsv4-resend,dsv4-resend") == [("dsv4-resend", "")]
     with pytest.raises(ValueError, match="unknown scenario"):
-        replay.parse_runs("nope")
+        workloads.parse_runs("nope")
     with pytest.raises(ValueError, match="no variant"):
-        replay.parse_runs("dsv4-resend/x")
+        workloads.parse_runs("dsv4-resend/x")
     with pytest.raises(KvforgeError, match="--scenario"):
         pc.parse_scenarios("nope")
+
+
+def test_every_scenario_and_variant_builds_a_well_formed_workload():
+    for name, variant in workloads.parse_runs("all"):
+        wl = workloads.workload(name, variant, 0.05)
+        for w in wl.get("sweep") or [wl]:
+            reqs = w["requests"]
+            ids = [r["id"] for r in reqs]
+            assert len(set(ids)) == len(ids), (name, variant)
+            assert all(r["after"] is None or 0 <= r["after"] < i for i, r in enumerate(reqs)), (name, variant)
+            assert all(len(r["output"]) >= 1 and len(r["prompt"]) >= 1 for r in reqs)
+            assert w["config"]["concurrency"] >= 1 and w["groups"]
+    with pytest.raises(ValueError, match="unknown scenario 'external-hit'"):
+        workloads.workload("external-hit", "nope", 0.05)
+    with pytest.raises(ValueError, match="unknown scenario 'nope'"):
+        workloads.workload("nope", "", 0.05)
+
+
+# ---------------------------------------------------------------- the replay package: isolation
+
+REPLAY_DIR = Path(pc.REPLAY)
+
+
+def test_replay_modules_import_only_the_stdlib_vllm_torch_and_each_other():
+    """The replay runs in the target's env: nothing else is there. vLLM/torch only inside functions."""
+    modules = sorted(REPLAY_DIR.glob("*.py"))
+    assert {m.stem for m in modules} >= {"__main__", "topologies", "workloads", "ceilings", "driver", "invariants"}
+    for path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top_level = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue  # relative: another module of the replay
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                for name in names:
+                    root = name.split(".")[0]
+                    where = f"{path.name}:{node.lineno}: {name}"
+                    assert root in sys.stdlib_module_names or root in ("vllm", "torch"), where
+                    assert root in sys.stdlib_module_names or id(node) not in top_level, where
+
+
+def test_replay_subprocess_runs_its_own_files_and_cannot_import_kvforge(tmp_path):
+    """`python <replay dir>` from a tree root: decoys in the tree or on PYTHONPATH are never loaded,
+    and `import kvforge` fails even though this interpreter has kvforge installed."""
+    tree, stale = tmp_path / "tree", tmp_path / "stale"
+    for d in (tree / "kvforge", tree / "replay", stale / "kvforge_replay"):
+        d.mkdir(parents=True)
+        (d / "__init__.py").write_text("raise SystemExit('decoy imported')\n")
+    for name in ("workloads", "driver", "cli"):
+        (stale / f"{name}.py").write_text("raise SystemExit('decoy imported')\n")
+    (tree / "torch.py").write_text("")  # the replay imports torch, then vllm: this tree's fake vllm reports
+    (tree / "vllm").mkdir()
+    (tree / "vllm" / "__init__.py").write_text(
+        "import json, sys\n"
+        "try:\n    import kvforge\n    got = 'imported ' + kvforge.__file__\n"
+        "except ImportError:\n    got = 'blocked'\n"
+        "mods = {n: getattr(m, '__file__', None) for n, m in sys.modules.items() if n.startswith('kvforge')}\n"
+        "raise RuntimeError(json.dumps({'kvforge': got, 'mods': mods, 'path': sys.path}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(stale)
+    out = tmp_path / "doc.json"
+    res = subprocess.run([sys.executable, str(REPLAY_DIR), "--scenario", "dsv4-resend", "--scale", "0.01",
+                          "--out", str(out)], cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""  # the document went to --out; stdout is for the document only
+    doc = json.loads(out.read_text())
+    assert doc["cwd"] == str(tree) and doc["results"] == []
+    [err] = doc["errors"]
+    assert err["error"].startswith("RuntimeError: ")
+    seen = json.loads(err["error"][len("RuntimeError: "):])
+    assert seen["kvforge"] == "blocked"
+    assert seen["path"][0] == str(tree) and str(REPLAY_DIR) not in seen["path"]  # the tree first; no module shadowing
+    mods = {n: f for n, f in seen["mods"].items() if f}
+    assert "kvforge_replay.driver" in mods and "kvforge_replay.workloads" in mods
+    assert all(Path(f).parent == REPLAY_DIR for f in mods.values()), mods
+    assert "replay: error dsv4-resend: RuntimeError" in res.stderr
+
+    listed = subprocess.run([sys.executable, str(REPLAY_DIR), "--list"], cwd=tree, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert json.loads(listed.stdout) == workloads.SCENARIOS
+    as_module = subprocess.run([sys.executable, "-m", "kvforge.bench.replay", "--list"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+    assert as_module.returncode != 0 and "not with -m" in as_module.stderr
+
+
+# ---------------------------------------------------------------- the replay's vLLM-free parts
+
+class Blk:
+    def __init__(self, block_id, ref_cnt=0, is_null=False):
+        self.block_id, self.ref_cnt, self.is_null, self.next_free_block = block_id, ref_cnt, is_null, None
+
+
+def fake_scheduler(tables: list[dict], ref_cnts: list[int], free: list[int]):
+    """A KV cache manager as the checker reads it: per-group block tables, the pool, the free queue."""
+    blocks = [Blk(0, is_null=True)] + [Blk(i, rc) for i, rc in enumerate(ref_cnts, 1)]
+    head, tail = Blk(-1), Blk(-2)
+    node = head
+    for bid in free:
+        node.next_free_block = blocks[bid]
+        node = blocks[bid]
+    node.next_free_block = tail
+    queue = SimpleNamespace(fake_free_list_head=head, fake_free_list_tail=tail)
+    pool = SimpleNamespace(blocks=blocks, null_block=blocks[0], free_block_queue=queue)
+    managers = [SimpleNamespace(req_to_blocks={rid: [blocks[b] for b in t] for rid, t in g.items()})
+                for g in tables]
+    coord = SimpleNamespace(block_pool=pool, single_type_managers=managers)
+    return SimpleNamespace(kv_cache_manager=SimpleNamespace(coordinator=coord))
+
+
+def test_checker_passes_a_consistent_block_table():
+    # group 0: r1 holds the null block and 1, 2; group 1: r1 holds 3; r2 shares 1 in group 0.
+    sched = fake_scheduler([{"r1": [0, 1, 2], "r2": [1]}, {"r1": [3]}], ref_cnts=[2, 1, 1, 0, 0], free=[4, 5])
+    c = Checker(sched)
+    c.light(1)
+    c.full(1)
+    assert c.result() == dict(counts={}, examples={}, block_ids_in_two_groups=0, full_checks=1,
+                              free_queue_checked=True)
+
+
+def test_checker_records_every_kind_of_violation():
+    # block 2 in both groups; block 3 ref_cnt 2 but one reference; block 4 referenced yet free;
+    # block 5 unreferenced yet not free.
+    sched = fake_scheduler([{"r1": [1, 2]}, {"r1": [2, 3]}], ref_cnts=[1, 2, 2, 1, 0], free=[4])
+    c = Checker(sched)
+    c.light(7)
+    c.light(8)  # the same block in two groups is one id, counted once
+    c.full(8)
+    res = c.result()
+    assert res["block_ids_in_two_groups"] == 1
+    assert res["counts"] == {"block_in_two_groups": 1, "ref_cnt_mismatch": 2, "referenced_block_in_free_queue": 1,
+                             "ref_cnt_without_owner": 1, "unreferenced_block_not_free": 1}
+    assert res["examples"]["block_in_two_groups"] == [{"step": 7, "detail": "block 2 in groups 0 and 1 (req r1)"}]
+
+
+def test_checker_without_a_readable_free_queue_skips_the_full_check():
+    sched = fake_scheduler([{"r1": [1]}], ref_cnts=[1], free=[])
+    del sched.kv_cache_manager.coordinator.block_pool.free_block_queue.fake_free_list_head
+    c = Checker(sched)
+    c.full(1)
+    assert c.result()["full_checks"] == 0 and c.result()["free_queue_checked"] is False
+
+
+def test_sampler_follows_the_plan_and_accepts_drafts_by_seed():
+    plan = {"a": list(range(100, 110))}
+    req_at = lambda n: SimpleNamespace(request_id="a", output_token_ids=[0] * n)  # noqa: E731
+    plain = Sampler(plan, None, seed=0)
+    assert plain.sampled(req_at(0), []) == [100] and plain.sampled(req_at(10), []) == [109]
+    always = Sampler(plan, {"k": 3, "accept": 1.0}, seed=0)
+    assert always.drafts(req_at(2)) == [102, 103, 104]
+    assert always.sampled(req_at(2), [102, 103, 104]) == [102, 103, 104, 105]
+    never = Sampler(plan, {"k": 3, "accept": 0.0}, seed=0)
+    assert never.sampled(req_at(2), [102, 103, 104]) == [102]
+    assert (always.drafted, always.accepted, never.drafted, never.accepted) == (3, 3, 3, 0)
+
+    def accepted(seed):
+        s = Sampler(plan, {"k": 3, "accept": 0.5}, seed=seed)
+        return [len(s.sampled(req_at(0), [1, 2, 3])) for _ in range(30)]
+
+    assert accepted(1) == accepted(1) != accepted(2)
 
 
 # ---------------------------------------------------------------- aggregation
 
 def result(scenario, rows, variant="", hits=None, queries=None, violations=None, two_groups=0, external=None,
            seconds=1.0):
-    """A replay result as replay.py writes it; rows: (label, hit, prompt, ceiling)."""
+    """A replay result as the replay writes it; rows: (label, hit, prompt, ceiling)."""
     reqs = [{"label": lab, "hit_tokens": h, "prompt_tokens": p, "ceiling_tokens": c} for lab, h, p, c in rows]
     return {
         "scenario": scenario, "variant": variant, "features": {"vllm_version": "0.20.1"},
@@ -153,6 +322,10 @@ RESEND_BASE = result("dsv4-resend", [("A.1", 0, 1000, 0), ("A.2", 992, 1000, 992
                                      ("A.3", 0, 1000, 992)])
 RESEND_FIXED = result("dsv4-resend", [("A.1", 0, 1000, 0), ("A.2", 992, 1000, 992), ("B", 256, 1000, 256),
                                       ("A.3", 992, 1000, 992)])
+
+
+def bench_result(scenarios, origin="series"):
+    return pc.BenchResult("v0.20.1", "vllm", "b" * 40, "v0.20.1", "d" * 16, 4, origin, 0.25, 0, scenarios, "envkey")
 
 
 def test_summarize_rates():
@@ -218,7 +391,7 @@ def test_render_table_and_per_request_detail():
 
 def test_print_bench_lists_goals_and_files():
     tree = lambda state, doc: pc.TreeRun(state, "abc" * 10, doc, 12.0, pc.Path(f"/x/{state}.json"))  # noqa: E731
-    res = pc.BenchResult("v0.20.1", "vllm", 0.25, 0, ["dsv4-resend"], "envkey")
+    res = bench_result(["dsv4-resend"])
     res.trees = [tree("base", {"results": [RESEND_BASE]}), tree("patched", {"results": [RESEND_FIXED]})]
     res.rows = pc.aggregate({t.state: t.doc for t in res.trees})
     res.goals = pc.goals(res.rows)
@@ -255,7 +428,7 @@ def test_cli_help_and_bad_scenario(tmp_path):
                                     "--scenario", "nope"])
     assert res.exit_code == 2
     assert res.output.strip().splitlines() == [
-        "kvforge: error: --scenario: unknown scenario 'nope'; known: " + ", ".join(replay.SCENARIOS)]
+        "kvforge: error: --scenario: unknown scenario 'nope'; known: " + ", ".join(workloads.SCENARIOS)]
 
 
 def test_cli_rejects_a_bad_scale(tmp_path):
@@ -265,7 +438,7 @@ def test_cli_rejects_a_bad_scale(tmp_path):
 
 
 def test_bench_result_lists_scenarios_that_could_not_run():
-    res = pc.BenchResult("v0.20.1", "vllm", 0.25, 0, ["dsv4-resend", "gptoss-eagle"], "envkey")
+    res = bench_result(["dsv4-resend", "gptoss-eagle"])
     docs = {"base": {"results": [RESEND_BASE], "errors": [{"scenario": "gptoss-eagle", "variant": "",
                                                             "error": "AssertionError: x"}]},
             "patched": {"results": [RESEND_FIXED, result("gptoss-eagle", [("c", 1, 10, 1)])]}}
@@ -276,3 +449,38 @@ def test_bench_result_lists_scenarios_that_could_not_run():
     out: list[str] = []
     pc.print_bench(res, out.append)
     assert "error gptoss-eagle (base): AssertionError: x" in out
+
+
+# ---------------------------------------------------------------- provenance
+
+@pytest.mark.parametrize("origin", ["series", "--from HEAD (0123456789ab)"])
+def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch, origin):
+    """bench_prefix_cache takes the evidence's identity from the stack it measured (series files or --from)."""
+    import kvforge.env
+    import kvforge.trees
+
+    stack = SimpleNamespace(base=SimpleNamespace(commit="b" * 40, ref="v0.20.1"), digest="5e41e5d1", size=2,
+                            origin=origin, worktree=tmp_path / "tree", commits=["b" * 40, "c" * 40, "p" * 40],
+                            in_base=lambda n: False, lock=lambda say: nullcontext())
+    stack.checkout = lambda n: stack.commits[n]
+    env = SimpleNamespace(key="envkey", python=Path("python"), check=lambda: None, environ=lambda: {})
+    monkeypatch.setattr(kvforge.trees, "open_stack", lambda ctx: stack)
+    monkeypatch.setattr(kvforge.env, "target_env", lambda ctx, base: env)
+    docs = {"base": RESEND_BASE, "patched": RESEND_FIXED}
+    monkeypatch.setattr(pc, "run_replay", lambda py, environ, tree, runs, scale, seed, out, state, say:
+                        {"results": [docs[state]], "errors": []})
+    ctx = SimpleNamespace(progress=lambda m: None, target=SimpleNamespace(name="v0.20.1"),
+                          cache=SimpleNamespace(results=tmp_path / "results"),
+                          component=SimpleNamespace(name="vllm", series_dir=Path("patches/v0.20.1")))
+    res = pc.bench_prefix_cache(ctx, "dsv4-resend", 0.05, 3)
+    want = {"target": "v0.20.1", "component": "vllm", "base": "b" * 40, "base_ref": "v0.20.1",
+            "series": "5e41e5d1", "patches": 2, "origin": origin, "scale": 0.05, "seed": 3}
+    doc = res.to_json()
+    assert {k: doc[k] for k in want} == want
+    assert doc["trees"]["base"]["commit"] == doc["base"] and doc["trees"]["patched"]["commit"] == "p" * 40
+    summary = json.loads(Path(res.files[-1]).read_text())
+    assert {k: summary[k] for k in want} == want
+    assert Path(res.files[-1]).parent.name == "prefix-cache-bbbbbbbbbbbb-5e41e5d1-s0.05-seed3"
+    out: list[str] = []
+    pc.print_bench(res, out.append)
+    assert ("series: --from HEAD (0123456789ab), 2 commit(s), digest 5e41e5d1" in out) == (origin != "series")

@@ -3,7 +3,8 @@ with the project's own series (patches/v0.20.1), in kvforge's test environment, 
 
 The base must show both bugs (DSv4 A,A,B,A: the re-sent A.3 misses entirely; a local prefix hit
 plus external tokens hands the same block to two KV cache groups) and the patched tree must not.
-One bench run (both trees) is shared by the tests of this module.
+One bench run (both trees) is shared by the tests of this module; each tree's replay is the package
+kvforge/bench/replay/ run by that environment's python, exactly as the CLI runs it.
 
 The environment comes from $KVFORGE_TEST_PYTHON when set, else it is built once into
 ~/.cache/kvforge/envs (the CLI's own default, so CI builds it once) (or $KVFORGE_TEST_ENVS) and reused; the sdist comes from the user's
@@ -88,3 +89,21 @@ def test_patched_external_hit_keeps_groups_apart(bench_v0201):
     assert patched["trigger_held"] > 0  # the triggering condition still occurs: the fix is what changed
     assert patched["block_ids_in_two_groups"] == 0
     assert patched["violations"] == 0
+
+
+@pytest.mark.slow
+def test_bench_json_names_the_evidence(bench_v0201):
+    """Target, component, base, series digest and origin: what `kvforge pr` matches evidence against."""
+    from kvforge.series import load_clean_series
+    from kvforge.targets import load_target
+
+    comp = load_target("v0.20.1", REPO_ROOT).component()
+    series = load_clean_series(comp)
+    doc = bench_v0201
+    assert (doc["target"], doc["component"], doc["base_ref"]) == ("v0.20.1", "vllm", "v0.20.1")
+    assert doc["origin"] == "series"
+    assert doc["base"] == doc["trees"]["base"]["commit"]
+    assert doc["series"] == series.digest and doc["patches"] == len(series.patches)
+    for state, tree in doc["trees"].items():
+        replay_doc = json.loads(Path(tree["result_file"]).read_text())
+        assert replay_doc["errors"] == [] and {r["scenario"] for r in replay_doc["results"]} == set(SCENARIOS.split(","))

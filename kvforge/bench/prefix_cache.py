@@ -1,33 +1,37 @@
 """`kvforge bench prefix-cache`: prefix-cache hit rates of the base and the patched tree.
 
-Each tree's real vLLM scheduler replays the scenarios (kvforge/bench/replay.py, run by the target's
-test environment with cwd = the tree root, so `import vllm` is that tree). The hit rates are vLLM's
-own PrefixCacheStats counters; the ceiling is what the workload allows (an unbounded cache); the
-replay also checks block-table invariants. This module runs the replays, aggregates, and renders
-the table, the JSON document and the optional plot.
+Each tree's real vLLM scheduler replays the scenarios: the package kvforge/bench/replay/, run
+by the target's test environment as `python <replay dir>` with cwd = the tree root, so
+`import vllm` is that tree (it imports only vLLM and the standard library, never kvforge). The
+hit rates are vLLM's own PrefixCacheStats counters; the ceiling is what the workload allows (an
+unbounded cache); the replay also checks block-table invariants. This module runs the replays
+(one subprocess per tree), aggregates, and renders the table, the JSON document and the optional
+plot. It uses only the replay's pure modules in-process (scenario names).
+
+A BenchResult names the evidence it is: target, component, base commit, series digest and where
+the stack came from (the series files, or --from); every result file is under a directory keyed
+by base, digest, scale and seed.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from . import DEFAULT_SCALE
-from ..cache import Cache
+from .replay import workloads
 from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from ..fsutil import atomic_write_text
 from ..report import table
 
 Progress = Callable[[str], None]
-REPLAY = Path(__file__).resolve().with_name("replay.py")
+REPLAY = Path(__file__).resolve().with_name("replay")  # run as `python REPLAY`: see replay/__main__.py
 STATES = ("base", "patched")
 
 # Goals from the issue; checked on the patched tree.
@@ -36,20 +40,9 @@ REPEAT_MAX_GAP = 0.005  # dsv4-repeat: within 0.5 points of the ceiling
 NO_REGRESSION_GAP = 0.001  # controls: patched >= base - 0.1 points
 
 
-def replay_module():
-    """replay.py as a module (its top level needs only the standard library)."""
-    mod = sys.modules.get("kvforge_bench_replay")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("kvforge_bench_replay", REPLAY)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["kvforge_bench_replay"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
 def parse_scenarios(spec: str) -> list[tuple[str, str]]:
     try:
-        return replay_module().parse_runs(spec)
+        return workloads.parse_runs(spec)
     except ValueError as exc:
         raise KvforgeError(f"--scenario: {exc}", EXIT_USAGE) from None
 
@@ -293,8 +286,16 @@ class TreeRun:
 
 @dataclass
 class BenchResult:
+    """One bench run. target, component, base, series and origin say exactly which series on which
+    base the numbers belong to (what `kvforge pr` checks evidence against), as in test/verify results."""
+
     target: str
     component: str
+    base: str  # the base commit (trees["base"].commit)
+    base_ref: str  # e.g. v0.20.2
+    series: str  # the series digest (Stack.digest): of the series files, or of the --from commits
+    patches: int  # how many patches the series has
+    origin: str  # where the stack came from: "series" (the files) or "--from REV (sha)"
     scale: float
     seed: int
     scenarios: list[str]
@@ -317,7 +318,9 @@ class BenchResult:
 
     def to_json(self) -> dict:
         return {
-            "target": self.target, "component": self.component, "scale": self.scale, "seed": self.seed,
+            "target": self.target, "component": self.component, "base": self.base, "base_ref": self.base_ref,
+            "series": self.series, "patches": self.patches, "origin": self.origin,
+            "scale": self.scale, "seed": self.seed,
             "scenarios": self.scenarios, "env": self.env, "note": self.note, "seconds": round(self.seconds, 1),
             "trees": {t.state: {"commit": t.commit, "seconds": round(t.seconds, 1), "result_file": str(t.out),
                                 "vllm": next((r["features"].get("vllm_version") for r in t.doc.get("results", [])),
@@ -330,7 +333,11 @@ class BenchResult:
 
 def run_replay(python: Path, environ: dict[str, str], tree: Path, runs: list[tuple[str, str]], scale: float,
                seed: int, out: Path, label: str, progress: Progress) -> dict:
-    """Run replay.py in `tree` with the environment's python; stream its progress; return its document."""
+    """Run the replay in `tree` with the environment's python; stream its progress; return its document.
+
+    `python REPLAY` (a directory): its __main__.py loads the files next to it, and only them, under a
+    private package name, with kvforge blocked; the environment's PYTHONPATH is left as it is.
+    """
     cmd = [str(python), str(REPLAY), "--scenario", ",".join(run_label(*r) for r in runs), "--scale", repr(scale),
            "--seed", str(seed), "--out", str(out)]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -372,7 +379,8 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
     stack = open_stack(ctx)
     env = target_env(ctx, base=stack.base)
     env.check()
-    result = BenchResult(target.name, comp.name, scale, seed, [run_label(*r) for r in runs], env.key)
+    result = BenchResult(target.name, comp.name, stack.base.commit, stack.base.ref, stack.digest, stack.size,
+                         stack.origin, scale, seed, [run_label(*r) for r in runs], env.key)
     states = [("base", 0)]
     if stack.size and not all(stack.in_base(n) for n in range(1, stack.size + 1)):
         states.append(("patched", stack.size))
@@ -408,6 +416,8 @@ def print_bench(result: BenchResult, echo: Callable[[str], None]) -> None:
     head = (f"{result.target}/{result.component}: prefix-cache replay, scale {result.scale:g}, seed {result.seed}; "
             + ", ".join(f"{t.state} {t.commit[:12]} ({t.seconds:.0f}s)" for t in result.trees))
     echo(head)
+    if result.origin != "series":
+        echo(f"series: {result.origin}, {result.patches} commit(s), digest {result.series}")
     if result.note:
         echo(result.note)
     echo("")

@@ -1,0 +1,26 @@
+"""`python <this directory> ARGS`, run with cwd = a vLLM tree root: the replay (see cli.py).
+
+Loads this directory, and only it, as the private package `kvforge_replay`: the directory is
+taken off sys.path (its module names must not shadow anything vLLM imports), and `kvforge` is
+blocked so that nothing here can import kvforge, installed or not. Running it any other way
+(`python -m kvforge.bench.replay`) is refused: there kvforge is already imported.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+
+if __package__:
+    sys.exit(f"run the replay as `python {os.path.dirname(os.path.abspath(__file__))} ...` "
+             "from a vLLM tree root, not with -m")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.modules["kvforge"] = None  # any `import kvforge...` now raises ImportError
+_spec = importlib.util.spec_from_file_location("kvforge_replay", os.path.join(_HERE, "__init__.py"),
+                                               submodule_search_locations=[_HERE])
+_pkg = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _pkg
+_spec.loader.exec_module(_pkg)
+sys.exit(importlib.import_module("kvforge_replay.cli").main())
