@@ -6,27 +6,64 @@ Sources, in order of preference with `--source auto`:
 - sdist: the PyPI release archive, verified against the sha256 in the target file and imported as
   one commit with a fixed author and date, so the same sdist gives the same commit id everywhere.
 A base already in the cache is used without touching the network.
+
+Crash safety. Invariant: refs/tags/<ref> in repos/<component>-<kind>.git exists only when every
+object of that base is in the repository, and a base becomes visible in exactly one step:
+- an archive gets its name in downloads/ only once complete and verified (one rename of a
+  .<file>.<pid>.part file);
+- a base is imported into a temporary repository repos/.<repo>.<pid>.tmp. When the cached
+  repository does not exist yet, that repository is renamed into place (the commit point). When it
+  does (it holds other releases, stacks and worktrees), the temporary one borrows its objects
+  (objects/info/alternates), the new pack is moved in (.pack before .idx, as git itself does) and
+  then the tag is set: the tag update is the commit point;
+- a corrupt repository is renamed aside (.<repo>.<pid>.old) before it is removed.
+So a run killed at any point leaves at most files and directories named with its pid, which the
+next materialisation removes once that pid is dead (fsutil.remove_stale), or objects no ref
+reaches (harmless). Materialising holds repos/.<repo>.lock: two kvforge runs never import into one
+repository at once; the second waits, then uses what the first made.
+
+Corruption. Every use of a cached base asks git for the tag's commit and reads that commit (and,
+for sdist bases, its message). git checks each pack it opens against its index, so a truncated or
+replaced pack fails there, as do a garbage HEAD and a broken ref; this costs a few milliseconds,
+a full `git fsck` ~0.5 s. A repository git reports errors for is corrupt: it is removed and the
+base imported again from the verified sdist (or fetched again), with a progress line saying why;
+if it cannot be removed, the error names the command that removes it (the cache is disposable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.client
 import json
 import os
+import shlex
+import shutil
+import signal
+import subprocess
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from . import gitutil
-from .cache import Cache
-from .errors import EXIT_NETWORK, KvforgeError
+from .cache import REF_IMPORT, Cache, write_error
+from .errors import EXIT_ENV, EXIT_NETWORK, KvforgeError
+from .fsutil import crashpoint, file_lock, remove_stale
 from .targets import Component
 
 IMPORT_IDENT = "kvforge-import <kvforge@users.noreply.github.com>"
 IMPORT_DATE = "946684800 +0000"  # 2000-01-01T00:00:00Z: fixed, so the commit id depends on content only
 Progress = Callable[[str], None]
+
+STALE_DOWNLOAD = r"^\..+\.(?P<pid>\d+)\.part$"
+STALE_REPO = r"^\..+\.(?P<pid>\d+)\.(tmp|old)$"
+# git's words for a filesystem that refuses a write: such a failure is the cache's, not the archive's.
+WRITE_FAILURES = ("No space left", "File too large", "Disk quota", "Read-only file system", "Permission denied",
+                  "Input/output error")
+_rename = os.rename  # one name for the moves that commit or discard a repository (tests replace it)
 
 
 @dataclass(frozen=True)
@@ -52,84 +89,248 @@ def ensure_base(component: Component, cache: Cache, source: str = "auto", repo_u
     repo_url = repo_url or os.environ.get(f"KVFORGE_{component.name.upper().replace('-', '_')}_REPO")
     if source not in ("auto", "git", "sdist"):
         raise KvforgeError(f"--source must be auto, git or sdist, not {source!r}")
+    try:
+        return _ensure(component, cache, source, repo_url, say)
+    except OSError as exc:  # the places that write convert their own errors; this is the safety net
+        raise write_error(Path(exc.filename) if exc.filename else cache.root, exc) from None
+
+
+def _ensure(component: Component, cache: Cache, source: str, repo_url: str | None, say: Progress) -> Base:
+    sweep(cache)  # a few directory entries: cheap enough for every use, so no leftover outlives a run
     if source == "git" or (source == "auto" and repo_url):
-        return _from_git(component, cache, repo_url or component.repo, say)
-    if source == "sdist":
-        return _cached(component, cache, "sdist") or _from_sdist(component, cache, say)
+        return _materialise(component, cache, "git", say, repo_url or component.repo)
     if source == "auto":
         for kind in ("git", "sdist"):
             hit = _cached(component, cache, kind)
             if hit:
                 return hit
-        if _reachable(component.repo):
-            return _from_git(component, cache, component.repo, say)
-    return _from_sdist(component, cache, say)
+        if _reachable(component.repo, cache):
+            return _materialise(component, cache, "git", say, component.repo)
+    return _materialise(component, cache, "sdist", say)
 
 
 def _repo_path(component: Component, cache: Cache, kind: str) -> Path:
     return cache.repos / f"{component.name}-{kind}.git"
 
 
-def _cached(component: Component, cache: Cache, kind: str) -> Base | None:
-    path = _repo_path(component, cache, kind)
-    if not (path / "HEAD").exists():
-        return None
-    commit = gitutil.rev_parse(path, f"refs/tags/{component.ref}^{{commit}}")
-    if not commit:
-        return None
+def _git(repo: Path, *args: str, check: bool = False, timeout: float | None = None) -> gitutil.Result:
+    """git on one bare repository, named by GIT_DIR: a broken repository is an error, never a reason
+    for git to walk up the directory tree and use whatever repository it finds there."""
+    return gitutil.run(repo.parent, *args, check=check, env={"GIT_DIR": str(repo)}, timeout=timeout)
+
+
+def _git_error(stderr: str) -> str | None:
+    """The first error git printed, without its 'error: '/'fatal: ' prefix (None when it printed none).
+    Warnings are not errors: git warns about the user's unreadable config, and a broken tag ref
+    (warned about, then treated as missing) is repaired by importing the base again."""
+    for line in stderr.splitlines():
+        line = line.strip()
+        for prefix in ("error: ", "fatal: "):
+            if line.startswith(prefix):
+                return line.removeprefix(prefix)
+    return None
+
+
+def _inspect(path: Path, ref: str) -> tuple[str | None, str, str | None]:
+    """(commit, message, None) for a usable base; (None, "", None) when the repository or the tag is
+    missing; (None, "", why) when git reports the repository broken (see the module docstring)."""
+    if not os.path.lexists(path):
+        return None, "", None
+    if not path.is_dir() or path.is_symlink():
+        return None, "", "not a directory"
+    res = _git(path, "rev-parse", "--verify", "-q", f"refs/tags/{ref}^{{commit}}")
+    why = _git_error(res.stderr)
+    if why is None and res.returncode == 0:
+        commit = res.stdout.strip()
+        res = _git(path, "cat-file", "commit", commit)
+        why = _git_error(res.stderr) or (None if res.returncode == 0 else f"cannot read commit {commit}")
+        if why is None:
+            return commit, res.stdout, None
+    if why is None:
+        return None, "", None  # a healthy repository without this tag
+    if "dubious ownership" in why or "Permission denied" in why:
+        raise KvforgeError(f"cannot read the cached base {path}: {why}", EXIT_ENV)
+    return None, "", why
+
+
+def _as_base(component: Component, path: Path, kind: str, commit: str, message: str) -> Base | None:
     if kind == "sdist":
         want = component.release.sha256
-        note = gitutil.run(path, "log", "-1", "--format=%B", commit).stdout
-        if want and f"sha256: {want}" not in note:
+        if want and f"sha256: {want}" not in message:
             return None  # the target now pins another release: import it afresh
         origin = f"{component.release.filename} (sha256 {want or '?'})"
     else:
-        origin = gitutil.run(path, "config", "--get", "kvforge.origin", check=False).stdout.strip()
+        origin = _git(path, "config", "--get", "kvforge.origin").stdout.strip()
     return Base(component.name, kind, path, component.ref, commit, origin)
 
 
-def _init_bare(path: Path) -> None:
-    if not (path / "HEAD").exists():
-        path.mkdir(parents=True, exist_ok=True)
-        gitutil.run(path, "init", "--bare", "-q", ".")
+def _cached(component: Component, cache: Cache, kind: str) -> Base | None:
+    """The base when the cache holds it intact; None otherwise. Changes nothing."""
+    path = _repo_path(component, cache, kind)
+    commit, message, _why = _inspect(path, component.ref)
+    return _as_base(component, path, kind, commit, message) if commit else None
 
 
-def _reachable(url: str) -> bool:
+@contextlib.contextmanager
+def _writing(where: Path):
+    """Any OSError inside is the cache refusing a write: one line naming the place, EXIT_ENV."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(where, exc) from None
+
+
+def _materialise(component: Component, cache: Cache, kind: str, say: Progress, url: str | None = None) -> Base:
+    path = _repo_path(component, cache, kind)
+    if kind == "sdist":
+        hit = _cached(component, cache, kind)
+        if hit:
+            return hit
+    lock = cache.repos / f".{path.name}.lock"
+    with contextlib.ExitStack() as stack:
+        with _writing(lock):
+            stack.enter_context(file_lock(lock, say, f"the cached base {path.name}"))
+        commit, message, why = _inspect(path, component.ref)
+        if commit and kind == "sdist":
+            hit = _as_base(component, path, kind, commit, message)
+            if hit:
+                return hit  # another kvforge made it while this one waited
+        if why:
+            again = f"re-importing it from {component.release.filename}" if kind == "sdist" else f"fetching from {url}"
+            say(f"cached base {path} is corrupt ({why}); {again}")
+            _discard(path, why)
+        if kind == "sdist":
+            return _from_sdist(component, cache, path, say)
+        return _from_git(component, cache, path, url, say)
+
+
+def sweep(cache: Cache) -> None:
+    """Remove what killed runs left: downloads and repositories named with a pid that is gone."""
+    with contextlib.suppress(OSError):
+        remove_stale(cache.downloads, STALE_DOWNLOAD)
+    with contextlib.suppress(OSError):
+        remove_stale(cache.repos, STALE_REPO)
+
+
+def _temp_repo(path: Path, suffix: str = "tmp") -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{suffix}")
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory of ours; if that fails, the next sweep does (its name carries our pid)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _discard(path: Path, why: str) -> None:
+    aside = _temp_repo(path, "old")
+    _remove(aside)
+    try:
+        _rename(path, aside)
+    except OSError as exc:
+        raise KvforgeError(f"cached base {path} is corrupt ({why}) and cannot be removed ({exc.strerror or exc}); "
+                           f"delete it with `rm -rf {shlex.quote(str(path))}` (the cache is disposable)",
+                           EXIT_ENV) from None
+    crashpoint("import:corrupt-moved-aside")
+    _remove(aside)
+
+
+def _init_repo(path: Path, borrow: Path | None = None) -> None:
+    """A new bare repository at `path` (a temporary name); with `borrow`, it sees that one's objects."""
+    _remove(path)  # only a dead run with our pid can have left this name
+    with _writing(path.parent):
+        path.mkdir()
+    _git(path, "init", "--bare", "-q", check=True)
+    if borrow is not None:
+        with _writing(path):
+            (path / "objects" / "info" / "alternates").write_text(f"{borrow.resolve() / 'objects'}\n")
+
+
+def _reachable(url: str, cache: Cache) -> bool:
     if os.environ.get("KVFORGE_OFFLINE"):
         return False
-    res = gitutil.run(Path.cwd(), "ls-remote", "--exit-code", url, "HEAD", check=False, timeout=15)
+    res = gitutil.run(cache.repos, "ls-remote", "--exit-code", url, "HEAD", check=False, timeout=15)
     return res.returncode == 0
 
 
-def _from_git(component: Component, cache: Cache, url: str, say: Progress) -> Base:
-    path = _repo_path(component, cache, "git")
-    _init_bare(path)
+def _from_git(component: Component, cache: Cache, path: Path, url: str, say: Progress) -> Base:
     if Path(url).expanduser().is_dir():
         url = str(Path(url).expanduser().resolve())
     start = time.monotonic()
+    if not path.exists():
+        work = _temp_repo(path)
+        try:
+            _init_repo(work)
+            with _writing(path):
+                _rename(work, path)
+        finally:
+            _remove(work)
+        crashpoint("fetch:repo-created")
     say(f"fetching {component.ref} from {url}")
     tag = f"refs/tags/{component.ref}"
-    # A tag is fetched as itself; a branch's tip becomes the pinned base tag.
-    res = gitutil.run(path, "fetch", "--depth", "1", "--no-tags", "--force", url,
-                      f"{component.ref}:{tag}", check=False, timeout=1800)
+    # A tag is fetched as itself; a branch's tip becomes the pinned base tag (one atomic ref update).
+    res = _git(path, "fetch", "--depth", "1", "--no-tags", "--force", url, f"{component.ref}:{tag}",
+               timeout=1800)
     if res.returncode != 0:
         msg = (res.stderr.strip().splitlines() or ["git fetch failed"])[-1]
         raise KvforgeError(f"cannot fetch {component.ref} from {url}: {msg}", EXIT_NETWORK)
-    gitutil.run(path, "config", "kvforge.origin", url)
-    commit = gitutil.rev_parse(path, f"{tag}^{{commit}}")
+    crashpoint("fetch:fetched")
+    _git(path, "config", "kvforge.origin", url, check=True)
+    commit, _message, why = _inspect(path, component.ref)
+    if not commit:
+        raise KvforgeError(f"fetched {component.ref} from {url} into {path}, but git cannot read it: {why}", EXIT_ENV)
     return Base(component.name, "git", path, component.ref, commit, url, time.monotonic() - start, cached=False)
 
 
-def _from_sdist(component: Component, cache: Cache, say: Progress) -> Base:
+def _from_sdist(component: Component, cache: Cache, path: Path, say: Progress) -> Base:
     start = time.monotonic()
     archive = download_sdist(component, cache, say)
-    path = _repo_path(component, cache, "sdist")
-    _init_bare(path)
+    digest = component.release.sha256 or sha256_file(archive)
+    tag = f"refs/tags/{component.ref}"
+    existing = path.exists()
+    work = _temp_repo(path)
     say(f"importing {archive.name} as one commit")
-    commit = import_archive(path, archive, component, sha256_file(archive))
-    gitutil.run(path, "update-ref", f"refs/tags/{component.ref}", commit)
-    origin = f"{archive.name} (sha256 {component.release.sha256 or sha256_file(archive)})"
+    try:
+        _init_repo(work, borrow=path if existing else None)
+        crashpoint("import:started")
+        commit = import_archive(work, archive, component, digest)
+        _git(work, "update-ref", tag, commit, check=True)
+        crashpoint("import:tagged")
+        if existing:
+            _move_objects(work, path)
+            crashpoint("import:objects-moved")
+            _git(path, "update-ref", tag, commit, check=True)  # the commit point
+            crashpoint("import:committed")
+        else:
+            with _writing(path):
+                _rename(work, path)  # the commit point
+            crashpoint("import:committed")
+    finally:
+        _remove(work)
+    if existing:
+        crashpoint("import:cleaned")
+    origin = f"{archive.name} (sha256 {digest})"
     return Base(component.name, "sdist", path, component.ref, commit, origin, time.monotonic() - start, cached=False)
+
+
+def _move_objects(work: Path, path: Path) -> None:
+    """Move the objects fast-import wrote into the cached repository; each becomes usable only whole."""
+    src, dst = work / "objects", path / "objects"
+    with _writing(dst):
+        (dst / "pack").mkdir(parents=True, exist_ok=True)
+        for idx in sorted((src / "pack").glob("pack-*.idx")):
+            for side in sorted((src / "pack").glob(f"{idx.stem}.*")):
+                if side.suffix not in (".idx", ".keep"):
+                    os.replace(side, dst / "pack" / side.name)
+            os.replace(idx, dst / "pack" / idx.name)  # git uses a pack once its index is there
+        # Loose objects (fast-import keeps everything in a pack here, but whatever git wrote moves).
+        for d in sorted(src.glob("[0-9a-f][0-9a-f]")):
+            (dst / d.name).mkdir(exist_ok=True)
+            for obj in d.iterdir():
+                os.replace(obj, dst / d.name / obj.name)
 
 
 def sha256_file(path: Path) -> str:
@@ -140,44 +341,82 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _network_reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return str(reason).splitlines()[0] if str(reason) else type(exc).__name__
+
+
 def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
     """Fetch the release archive into the cache; only a fully verified file ever gets its final name."""
     rel = component.release
-    dest = cache.downloads / rel.filename
-    if dest.is_file() and (not rel.sha256 or sha256_file(dest) == rel.sha256):
-        return dest
+    downloads = cache.downloads
+    with contextlib.suppress(OSError):
+        remove_stale(downloads, STALE_DOWNLOAD)
+    dest = downloads / rel.filename
+    if dest.is_file():
+        if not rel.sha256 or sha256_file(dest) == rel.sha256:
+            return dest
+        say(f"{dest} does not match the pinned sha256; downloading it again")
     import urllib.parse
-    import urllib.request
 
     url, expected, size = _sdist_url(rel)
     if rel.sha256 and expected and rel.sha256 != expected:
         raise KvforgeError(f"{rel.filename}: the index says sha256 {expected}, the target pins {rel.sha256}",
                            EXIT_NETWORK)
     want = rel.sha256 or expected
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    tmp = downloads / f".{rel.filename}.{os.getpid()}.part"
     say(f"downloading {rel.filename} ({size / 1e6:.1f} MB) from {urllib.parse.urlsplit(url).netloc}")
+    try:
+        with _writing(downloads):
+            out = open(tmp, "wb")
+        with out:
+            got, digest = _receive(url, out, size, say, downloads)
+            with _writing(downloads):
+                out.flush()
+                os.fsync(out.fileno())
+        if size and got != size:
+            raise KvforgeError(f"{rel.filename}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
+        if want and digest != want:
+            raise KvforgeError(f"{rel.filename}: sha256 {digest} does not match {want}", EXIT_NETWORK)
+        crashpoint("download:written")
+        with _writing(downloads):
+            os.replace(tmp, dest)
+        crashpoint("download:renamed")
+    except OSError as exc:  # closing a file the disk refused
+        raise write_error(downloads, exc) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _receive(url: str, out, size: int, say: Progress, downloads: Path) -> tuple[int, str]:
+    """Copy `url` into `out`: network failures are EXIT_NETWORK, a refused write is the cache's (EXIT_ENV)."""
+    import urllib.request
+
     h = hashlib.sha256()
     got = 0
     last = time.monotonic()
     try:
-        with urllib.request.urlopen(url, timeout=120) as resp, open(tmp, "wb") as out:
-            while chunk := resp.read(1 << 20):
+        resp = urllib.request.urlopen(url, timeout=120)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        raise KvforgeError(f"cannot download {url}: {_network_reason(exc)}", EXIT_NETWORK) from None
+    with resp:
+        while True:
+            try:
+                chunk = resp.read(1 << 20)
+            except (OSError, http.client.HTTPException) as exc:
+                raise KvforgeError(f"cannot download {url}: {_network_reason(exc)}", EXIT_NETWORK) from None
+            if not chunk:
+                break
+            with _writing(downloads):
                 out.write(chunk)
-                h.update(chunk)
-                got += len(chunk)
-                if time.monotonic() - last > 2:
-                    say(f"  {got / 1e6:.1f} / {size / 1e6:.1f} MB")
-                    last = time.monotonic()
-        if size and got != size:
-            raise KvforgeError(f"{rel.filename}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
-        if want and h.hexdigest() != want:
-            raise KvforgeError(f"{rel.filename}: sha256 {h.hexdigest()} does not match {want}", EXIT_NETWORK)
-        os.replace(tmp, dest)
-    except OSError as exc:
-        raise KvforgeError(f"cannot download {url}: {exc}", EXIT_NETWORK) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+            h.update(chunk)
+            got += len(chunk)
+            if time.monotonic() - last > 2:
+                say(f"  {got / 1e6:.1f} / {size / 1e6:.1f} MB")
+                last = time.monotonic()
+    return got, h.hexdigest()
 
 
 def _sdist_url(rel) -> tuple[str, str | None, int]:
@@ -188,11 +427,17 @@ def _sdist_url(rel) -> tuple[str, str | None, int]:
     try:
         with urllib.request.urlopen(index, timeout=60) as resp:
             meta = json.load(resp)
-    except (OSError, ValueError) as exc:
-        raise KvforgeError(f"cannot read the package index {index}: {exc}", EXIT_NETWORK) from None
-    for f in meta.get("releases", {}).get(rel.version, []):
-        if f.get("packagetype") == "sdist" and f.get("filename") == rel.filename:
-            return urllib.parse.urljoin(index, f["url"]), f.get("digests", {}).get("sha256"), int(f.get("size") or 0)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        raise KvforgeError(f"cannot read the package index {index}: {_network_reason(exc)}", EXIT_NETWORK) from None
+    releases = meta.get("releases") if isinstance(meta, dict) else None
+    files = releases.get(rel.version) if isinstance(releases, dict) else None
+    for f in files if isinstance(files, list) else []:
+        if isinstance(f, dict) and f.get("packagetype") == "sdist" and f.get("filename") == rel.filename \
+                and isinstance(f.get("url"), str):
+            digests = f.get("digests") if isinstance(f.get("digests"), dict) else {}
+            sha = digests.get("sha256") if isinstance(digests.get("sha256"), str) else None
+            size = f.get("size") if isinstance(f.get("size"), int) else 0
+            return urllib.parse.urljoin(index, f["url"]), sha, size
     raise KvforgeError(f"{index}: no sdist {rel.filename} for {rel.package}=={rel.version}", EXIT_NETWORK)
 
 
@@ -206,43 +451,74 @@ def import_archive(repo: Path, archive: Path, component: Component, digest: str)
     rel = component.release
     message = (f"{rel.package} {rel.version}: release source from PyPI\n\n"
                f"archive: {archive.name}\nsha256: {digest}\nupstream-ref: {component.ref}\n").encode()
-    with tarfile.open(archive, "r:*") as tar:
-        members = [m for m in tar.getmembers() if m.isfile() or m.issym() or m.islnk()]
-        entries = []
-        for m in members:
-            parts = m.name.split("/", 1)
-            if len(parts) != 2 or not parts[1]:
-                continue
-            entries.append((parts[1], m))
-        entries.sort(key=lambda e: e[0])
-        proc = gitutil.popen(repo, "fast-import", "--quiet", "--done", "--force")
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise KvforgeError(f"{archive}: not a readable release archive: {exc}", EXIT_NETWORK) from None
+    with tar:
+        # unpackLimit=0: always one pack (never loose objects), so an import moves in as whole files.
+        proc = subprocess.Popen(["git", *gitutil.HERMETIC, "-c", "fastimport.unpackLimit=0", "fast-import",
+                                 "--quiet", "--done", "--force"],
+                                cwd=repo.parent, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, env=gitutil._plain_env({"GIT_DIR": str(repo)}))
         try:
-            w = proc.stdin.write
-            w(b"commit refs/kvforge/import\n")
-            w(f"author {IMPORT_IDENT} {IMPORT_DATE}\ncommitter {IMPORT_IDENT} {IMPORT_DATE}\n".encode())
-            w(b"data %d\n%s\n" % (len(message), message))
-            w(b"deleteall\n")
-            for path, m in entries:
-                if m.issym():
-                    data, mode = m.linkname.encode(), b"120000"
-                else:
-                    fh = tar.extractfile(m)
-                    data = fh.read() if fh else b""
-                    mode = b"100755" if m.mode & 0o111 else b"100644"
-                w(b"M %s inline %s\ndata %d\n" % (mode, _quote(path), len(data)))
-                w(data)
-                w(b"\n")
-            w(b"done\n")
-            proc.stdin.close()
+            try:
+                _stream(tar, proc.stdin.write, message)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # fast-import stopped reading: its status and stderr say why
+            except (tarfile.TarError, EOFError, zlib.error) as exc:
+                raise KvforgeError(f"{archive}: not a readable release archive: {exc}", EXIT_NETWORK) from None
             err = proc.stderr.read().decode(errors="replace")
-            if proc.wait() != 0:
-                raise KvforgeError(f"{archive}: git fast-import failed: {err.strip()}")
+            code = proc.wait()
         finally:
             if proc.poll() is None:
                 proc.kill()
-    commit = gitutil.rev_parse(repo, "refs/kvforge/import")
-    gitutil.run(repo, "update-ref", "-d", "refs/kvforge/import")
-    return commit
+                proc.wait()
+            for pipe in (proc.stdin, proc.stderr):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+    if code != 0:
+        if code == -signal.SIGXFSZ:  # subprocess restores SIGXFSZ: a write past `ulimit -f` kills git
+            err += "\nFile too large (killed by SIGXFSZ)"
+        why = _git_error(err) or (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+        if any(w in err for w in WRITE_FAILURES):
+            raise KvforgeError(f"cannot write the kvforge cache at {repo.parent}: git fast-import failed: {why}; "
+                               "set --cache-dir or $KVFORGE_CACHE", EXIT_ENV)
+        raise KvforgeError(f"{archive.name}: git fast-import failed in {repo}: {why}", EXIT_ENV)
+    crashpoint("import:fast-import-done")
+    res = _git(repo, "rev-parse", "--verify", "-q", REF_IMPORT)
+    if res.returncode != 0:
+        raise KvforgeError(f"{archive.name}: git fast-import made no commit in {repo}", EXIT_ENV)
+    _git(repo, "update-ref", "-d", REF_IMPORT, check=True)
+    return res.stdout.strip()
+
+
+def _stream(tar: tarfile.TarFile, w: Callable[[bytes], object], message: bytes) -> None:
+    entries = []
+    for m in tar.getmembers():
+        if not (m.isfile() or m.issym() or m.islnk()):
+            continue
+        parts = m.name.split("/", 1)
+        if len(parts) != 2 or not parts[1]:
+            continue
+        entries.append((parts[1], m))
+    entries.sort(key=lambda e: e[0])
+    w(f"commit {REF_IMPORT}\n".encode())
+    w(f"author {IMPORT_IDENT} {IMPORT_DATE}\ncommitter {IMPORT_IDENT} {IMPORT_DATE}\n".encode())
+    w(b"data %d\n%s\n" % (len(message), message))
+    w(b"deleteall\n")
+    for path, m in entries:
+        if m.issym():
+            data, mode = m.linkname.encode(), b"120000"
+        else:
+            fh = tar.extractfile(m)
+            data = fh.read() if fh else b""
+            mode = b"100755" if m.mode & 0o111 else b"100644"
+        w(b"M %s inline %s\ndata %d\n" % (mode, _quote(path), len(data)))
+        w(data)
+        w(b"\n")
+    w(b"done\n")
 
 
 def _quote(path: str) -> bytes:

@@ -6,6 +6,9 @@ Everything here can be deleted at any time: user trees are standalone repositori
 Layout:
   downloads/                 verified release archives (sdists), named as upstream names them
   repos/<component>-<kind>.git  bare repositories holding imported bases (kind: sdist | git)
+  downloads/.<file>.<pid>.part, repos/.<repo>.<pid>.tmp|.old, repos/.<repo>.lock
+                             a download, an import, a corrupt repository being removed, the lock
+                             around materialising a base (bases; leftovers of dead pids are swept)
   trees/.work/               kvforge's own worktrees (stacks for tests, verify and bench)
   envs/                      test environments, keyed by a hash of their content
   results/                   evidence: JUnit XML, verify and bench JSON (kvforge.evidence)
@@ -22,29 +25,74 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import EXIT_ENV, KvforgeError
+
 REF_IMPORT = "refs/kvforge/import"
 REF_STACKS = "refs/kvforge/stacks"
 REF_FROM = "refs/kvforge/from"
 
+HINT = "set --cache-dir or $KVFORGE_CACHE"
+
 
 def default_cache_dir() -> Path:
+    """$KVFORGE_CACHE, else $XDG_CACHE_HOME/kvforge, else ~/.cache/kvforge.
+
+    Refuses (EXIT_ENV) when there is no home to put it in: with HOME="" Python's home is "/", and
+    the cache would silently land in /.cache/kvforge at the filesystem root.
+    """
     env = os.environ.get("KVFORGE_CACHE")
     if env:
-        return Path(env).expanduser()
+        return Path(env).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "kvforge"
+    if xdg and Path(xdg).is_absolute():  # the XDG spec: a relative path is invalid and ignored
+        return Path(xdg) / "kvforge"
+    home = os.environ.get("HOME")
+    if home is None:  # unset: the password database's entry, as Path.home() does
+        try:
+            home = str(Path.home())
+        except (RuntimeError, KeyError, OSError):
+            home = ""
+    if not home or not Path(home).is_absolute() or Path(home) == Path(Path(home).anchor):
+        what = "empty" if not home else f"{home!r}"
+        raise KvforgeError(f"cannot place the kvforge cache: $HOME is {what} and $XDG_CACHE_HOME is not set "
+                           f"(it would go to {Path(home or '/').absolute() / '.cache' / 'kvforge'}); {HINT}",
+                           EXIT_ENV)
+    return Path(home) / ".cache" / "kvforge"
+
+
+def write_error(path: Path, exc: OSError) -> KvforgeError:
+    """The one-line error for a cache that cannot be written (EXIT_ENV): where, and the system's reason."""
+    if isinstance(exc, FileExistsError):
+        reason = "it exists and is not a directory"
+    else:
+        reason = exc.strerror or str(exc)
+    return KvforgeError(f"cannot write the kvforge cache at {path}: {reason}; {HINT}", EXIT_ENV)
 
 
 class Cache:
-    """Layout of the cache directory; each area is created on first use."""
+    """Layout of the cache directory; each area is created on first use.
+
+    The default location is resolved on first use, so commands that need no cache (lint, status)
+    run even where no cache can be placed.
+    """
 
     def __init__(self, root: Path | None = None):
-        self.root = Path(root).expanduser().resolve() if root else default_cache_dir()
+        self._root = Path(root).expanduser().resolve() if root else None
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            self._root = default_cache_dir()
+        return self._root
 
     def _dir(self, *parts: str) -> Path:
         path = self.root.joinpath(*parts)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # The deepest directory that could not be made (a parent that is a file: ENOTDIR).
+            where = Path(exc.filename) if exc.filename and not isinstance(exc, FileExistsError) else path
+            raise write_error(where, exc) from None
         return path
 
     @property

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -67,3 +69,28 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def remove_stale(directory: Path, pattern: str) -> list[Path]:
+    """Remove what dead processes left in `directory`: entries whose name matches `pattern` (a regex
+    with a group `pid`) and whose pid no longer runs. Files and directories; an entry that vanishes
+    meanwhile (another kvforge swept it) is skipped. Returns what was removed."""
+    regex = re.compile(pattern)
+    removed = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        m = regex.match(entry.name)
+        if not m or pid_alive(int(m.group("pid"))):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(entry)
+    return removed

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 from pathlib import Path, PurePosixPath
 
 import unidiff
 
-from .errors import KvforgeError
+from .errors import EXIT_ENV, KvforgeError
 
 FIX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s?(.*)$")
@@ -138,7 +139,13 @@ def _decode(value: str) -> str:
 def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
     """Parse one format-patch file (or `raw`, its bytes, named `path`); every defect becomes a Problem."""
     path = Path(path)
-    raw = path.read_bytes() if raw is None else raw
+    if raw is None:
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            patch = Patch(path=path, raw=b"")
+            patch.problems.append(Problem(path, None, f"cannot read: {exc.strerror or exc}"))
+            return patch
     patch = Patch(path=path, raw=raw)
     try:
         text = raw.decode("utf-8")
@@ -150,6 +157,17 @@ def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
     def bad(line: int | None, message: str) -> None:
         patch.problems.append(Problem(path, line, message))
 
+    # Two whole-file conversions an editor makes: each is one problem, not hundreds of follow-on ones.
+    if text.startswith("\ufeff"):
+        bad(None, "starts with a UTF-8 byte-order mark (git format-patch writes none); remove it with "
+                  f"`sed -i '1s/^\\xEF\\xBB\\xBF//' {shlex.quote(str(path))}`")
+        return patch
+    if lines[0].endswith("\r"):
+        # The mail header is CRLF: the file was converted. (CR inside diff lines can be a tree file's
+        # own line endings, so only the header decides.)
+        bad(None, "has CRLF line endings (git format-patch writes LF); "
+                  f"convert with `sed -i 's/\\r$//' {shlex.quote(str(path))}`")
+        return patch
     if not lines or not lines[0].startswith("From "):
         bad(1, "not a git format-patch file (first line must be 'From <commit> <date>')")
         return patch
@@ -350,7 +368,20 @@ def read_series(directory: Path) -> Series:
         raise KvforgeError(f"{series_file}: missing (one patch file name per line, in order)")
     patches: list[Patch] = []
     listed: dict[str, int] = {}
-    for n, line in enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        data = series_file.read_bytes()
+    except OSError as exc:
+        raise KvforgeError(f"{series_file}: cannot read: {exc.strerror or exc}", EXIT_ENV) from None
+    try:
+        # A UTF-8 byte-order mark (Windows editors add one) is tolerated: only kvforge reads this
+        # file, the mark is invisible in every editor, and without utf-8-sig it would become part of
+        # the first file name and give a baffling "<name> does not exist".
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        problems.append(Problem(series_file, data.count(b"\n", 0, exc.start) + 1,
+                                f"not UTF-8 ({exc.reason} at byte {exc.start})"))
+        return Series(directory=directory, patches=[], problems=problems)
+    for n, line in enumerate(text.splitlines(), 1):
         name = line.split("#", 1)[0].strip()
         if not name:
             continue

@@ -6,12 +6,13 @@ joins later), each with its own upstream, offline release source, series, platfo
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from .errors import KvforgeError
+from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 
 PLATFORMS = ("cpu", "cuda", "npu")
 
@@ -66,21 +67,38 @@ class Target:
         raise KvforgeError(f"{self.path}: target {self.name} has no component {name!r} (it has: {known})")
 
 
-def project_root() -> Path:
-    """The kvforge checkout: where targets/ and patches/ live (overridable with $KVFORGE_ROOT)."""
-    import os
+def _is_project(d: Path) -> bool:
+    try:
+        return (d / "targets").is_dir() and (d / "patches").is_dir()
+    except OSError:
+        return False
 
+
+def project_root() -> Path:
+    """The kvforge project: where targets/ and patches/ live.
+
+    In order: $KVFORGE_ROOT; the current directory or its nearest parent that has targets/ and
+    patches/ (so a fork of the patch repository is used when you work in it, even with kvforge
+    installed from another checkout); the checkout kvforge is installed from.
+    """
     env = os.environ.get("KVFORGE_ROOT")
     if env:
-        return Path(env).resolve()
-    here = Path(__file__).resolve().parent.parent
-    if (here / "targets").is_dir():
-        return here
-    cwd = Path.cwd()
-    for d in (cwd, *cwd.parents):
-        if (d / "targets").is_dir() and (d / "patches").is_dir():
+        root = Path(env).expanduser().resolve()
+        if not _is_project(root):
+            raise KvforgeError(f"$KVFORGE_ROOT={env} is not a kvforge project (it needs targets/ and patches/)")
+        return root
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the current directory was deleted
+        cwd = None
+    for d in (cwd, *cwd.parents) if cwd else ():
+        if _is_project(d):
             return d
-    raise KvforgeError("cannot find the kvforge project (targets/ and patches/); run from the checkout or set KVFORGE_ROOT")
+    here = Path(__file__).resolve().parent.parent
+    if _is_project(here):
+        return here
+    raise KvforgeError("cannot find the kvforge project (targets/ and patches/); run from the checkout "
+                       "or set KVFORGE_ROOT")
 
 
 def targets_dir(root: Path | None = None) -> Path:
@@ -98,7 +116,7 @@ def known_targets(root: Path | None = None) -> list[str]:
 def load_target(name: str, root: Path | None = None) -> Target:
     root = root or project_root()
     path = targets_dir(root) / f"{name}.toml"
-    if not path.is_file():
+    if "/" in name or "\\" in name or name.startswith(".") or not path.is_file():
         known = ", ".join(known_targets(root)) or "none"
         raise KvforgeError(f"unknown target {name!r}; known targets: {known}")
     return parse_target(path, root)
@@ -109,59 +127,163 @@ def load_all(root: Path | None = None) -> list[Target]:
     return [load_target(n, root) for n in known_targets(root)]
 
 
-def parse_target(path: Path, root: Path) -> Target:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise KvforgeError(f"{path}: not valid TOML: {exc}") from None
+SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+PACKAGE_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a PyPI project name
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+REF_CHARS_RE = re.compile(r"^[A-Za-z0-9._/+-]+$")
 
-    def need(table: dict, key: str, where: str, kind=str):
-        if key not in table:
-            raise KvforgeError(f"{path}: {where} is missing '{key}'")
-        value = table[key]
-        if not isinstance(value, kind):
-            raise KvforgeError(f"{path}: {where}.{key} must be a {kind.__name__}")
+KEYS = {
+    "target": ("name", "description", "components"),
+    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base"),
+    "release": ("package", "version", "sha256"),
+    "in_base": ("fix_id", "reason"),
+}
+
+
+def _valid_ref(ref: str) -> bool:
+    """A branch or tag name git accepts (and that cannot be read as an option or a refspec)."""
+    parts = ref.split("/")
+    return bool(REF_CHARS_RE.match(ref)) and ".." not in ref and not ref.startswith("-") \
+        and not ref.endswith((".lock", ".")) and all(p and not p.startswith(".") for p in parts)
+
+
+def _relative_test_path(sel: str) -> bool:
+    path = sel.split("::", 1)[0]
+    parts = PurePosixPath(path).parts
+    return bool(path) and not path.startswith("/") and "\\" not in path and ".." not in parts
+
+
+def display_path(path: Path) -> str:
+    """A path as messages show it: relative to the current directory when inside it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+def parse_target(path: Path, root: Path) -> Target:
+    """Read and check one target file; any wrong key or value is one KvforgeError naming file and key."""
+    root = Path(root).resolve()
+    shown = display_path(path)
+
+    def fail(message: str) -> KvforgeError:
+        return KvforgeError(f"{shown}: {message}", EXIT_USAGE)
+
+    try:
+        data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise fail(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise fail(f"not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise KvforgeError(f"{shown}: cannot read: {exc.strerror or exc}", EXIT_ENV) from None
+
+    def table(value, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise fail(f"{where} must be a table")
         return value
 
-    name = need(data, "name", "target")
+    def known(tbl: dict, kind: str, where: str) -> None:
+        for key in tbl:
+            if key not in KEYS[kind]:
+                raise fail(f"{where} has an unknown key {key!r} (known: {', '.join(KEYS[kind])})")
+
+    def string(tbl: dict, key: str, where: str, required: bool = True, pattern=None, what: str = "") -> str | None:
+        name = f"{where}.{key}" if where else key
+        if key not in tbl:
+            if required:
+                raise fail(f"{where or 'the target'} is missing '{key}'")
+            return None
+        value = tbl[key]
+        if not isinstance(value, str):
+            raise fail(f"{name} must be a string{(' (' + what + ')') if what else ''}, not {_toml_type(value)}")
+        if pattern is not None and not pattern(value):
+            raise fail(f"{name} {value!r} must be {what}")
+        return value
+
+    def strings(tbl: dict, key: str, where: str) -> list[str]:
+        if key not in tbl:
+            raise fail(f"{where} is missing '{key}'")
+        value = tbl[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise fail(f"{where}.{key} must be a list of strings")
+        return value
+
+    data = table(data, "the file")
+    known(data, "target", "the target")
+    name = string(data, "name", "")
     if name != path.stem:
-        raise KvforgeError(f"{path}: name {name!r} must match the file name {path.stem!r}")
+        raise fail(f"name {name!r} must match the file name {path.stem!r}")
+    description = string(data, "description", "", required=False) or ""
     comps = data.get("components")
     if not isinstance(comps, list) or not comps:
-        raise KvforgeError(f"{path}: needs at least one [[components]] table")
+        raise fail("components must be a list of [[components]] tables (at least one)")
     components = []
+    seen: set[str] = set()
     for i, c in enumerate(comps):
         where = f"components[{i}]"
-        rel = need(c, "release", where, dict)
+        c = table(c, where)
+        known(c, "component", where)
+        cname = string(c, "name", where, pattern=SLUG_RE.match, what="a lowercase slug (letters, digits, '-')")
+        if cname in seen:
+            raise fail(f"{where}.name {cname!r} is used by an earlier component")
+        seen.add(cname)
+        repo = string(c, "repo", where, pattern=lambda v: bool(v) and not v.startswith("-"),
+                      what="a git URL or directory")
+        ref = string(c, "ref", where, pattern=_valid_ref, what="a git branch or tag name")
+        series = string(c, "series", where, pattern=lambda v: not Path(v).is_absolute(),
+                        what="a directory under patches/ in the project")
+        series_dir, patches = (root / series).resolve(), (root / "patches").resolve()
+        if not series_dir.is_relative_to(patches) or series_dir == patches:
+            raise fail(f"{where}.series {series!r} must be a directory under patches/ in the project")
+        rwhere = f"{where}.release"
+        if "release" not in c:
+            raise fail(f"{where} is missing 'release'")
+        rel = table(c["release"], rwhere)
+        known(rel, "release", rwhere)
+        sha = rel.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and SHA256_RE.match(sha)):
+            raise fail(f"{rwhere}.sha256 must be a 64-hex-digit string")
         release = Release(
-            package=need(rel, "package", f"{where}.release"),
-            version=need(rel, "version", f"{where}.release"),
-            sha256=rel.get("sha256"),
+            package=string(rel, "package", rwhere, pattern=PACKAGE_RE.match, what="a PyPI project name"),
+            version=string(rel, "version", rwhere, pattern=VERSION_RE.match, what="a release version"),
+            sha256=sha.lower() if sha else None,
         )
-        platforms = tuple(need(c, "platforms", where, list))
+        platforms = tuple(strings(c, "platforms", where))
         for p in platforms:
             if p not in PLATFORMS:
-                raise KvforgeError(f"{path}: {where}.platforms has {p!r}; known: {', '.join(PLATFORMS)}")
-        tests = need(c, "tests", where, dict)
+                raise fail(f"{where}.platforms has {p!r}; known: {', '.join(PLATFORMS)}")
+        if len(set(platforms)) != len(platforms):
+            raise fail(f"{where}.platforms lists a platform twice")
+        if "tests" not in c:
+            raise fail(f"{where} is missing 'tests'")
+        tests = table(c["tests"], f"{where}.tests")
         for p, sel in tests.items():
             if p not in platforms:
-                raise KvforgeError(f"{path}: {where}.tests.{p} names a platform the component is not tested on")
+                raise fail(f"{where}.tests.{p} names a platform the component is not tested on")
             if not isinstance(sel, list) or not all(isinstance(s, str) for s in sel):
-                raise KvforgeError(f"{path}: {where}.tests.{p} must be a list of pytest paths or node ids")
-        in_base = tuple(
-            InBase(fix_id=need(e, "fix_id", f"{where}.in_base"), reason=need(e, "reason", f"{where}.in_base"))
-            for e in c.get("in_base", [])
-        )
+                raise fail(f"{where}.tests.{p} must be a list of pytest paths or node ids")
+            for s in sel:
+                if not _relative_test_path(s):
+                    raise fail(f"{where}.tests.{p} has {s!r}: tests are paths relative to the tree's root")
+        entries = c.get("in_base", [])
+        if not isinstance(entries, list):
+            raise fail(f"{where}.in_base must be a list of [[components.in_base]] tables")
+        in_base = []
+        for k, e in enumerate(entries):
+            ewhere = f"{where}.in_base[{k}]"
+            e = table(e, ewhere)
+            known(e, "in_base", ewhere)
+            in_base.append(InBase(fix_id=string(e, "fix_id", ewhere, pattern=SLUG_RE.match, what="a Fix-Id"),
+                                  reason=string(e, "reason", ewhere)))
         components.append(
-            Component(
-                name=need(c, "name", where),
-                repo=need(c, "repo", where),
-                ref=need(c, "ref", where),
-                release=release,
-                series_dir=(root / need(c, "series", where)).resolve(),
-                platforms=platforms,
-                tests={p: tuple(sel) for p, sel in tests.items()},
-                in_base=in_base,
-            )
+            Component(name=cname, repo=repo, ref=ref, release=release, series_dir=series_dir, platforms=platforms,
+                      tests={p: tuple(sel) for p, sel in tests.items()}, in_base=tuple(in_base))
         )
-    return Target(name=name, description=data.get("description", ""), path=path, components=tuple(components))
+    return Target(name=name, description=description, path=path, components=tuple(components))
+
+
+def _toml_type(value) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a float", list: "an array", dict: "a table"}
+    return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)

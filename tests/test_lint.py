@@ -146,3 +146,63 @@ def test_the_project_series_lint_clean():
         for c in t.components:
             problems = read_series(c.series_dir).all_problems()
             assert problems == [], "\n".join(map(str, problems))
+
+
+def test_crlf_patch_is_one_clear_problem(tmp_path):
+    path = tmp_path / "0001-crlf.patch"
+    path.write_bytes(patch_text(GOOD_TRAILERS).replace("\n", "\r\n").encode())
+    msgs = messages(parse_patch(path))
+    assert len(msgs) == 1, msgs
+    assert "CRLF line endings (git format-patch writes LF)" in msgs[0]
+    assert f"sed -i 's/\\r$//' {path}" in msgs[0]
+
+
+def test_crlf_inside_diff_content_is_not_flagged(tmp_path):
+    """A tree file with CRLF endings gives diff lines ending in CR: that is content, not a converted patch."""
+    diff = GOOD_DIFF.replace(" one\n-two\n+TWO\n three\n", " one\r\n-two\r\n+TWO\r\n three\r\n")
+    p = parse_patch(write(tmp_path, "0001-content.patch", patch_text(GOOD_TRAILERS, diff)))
+    assert not any("CRLF" in m for m in messages(p)), messages(p)
+
+
+def test_crlf_series_through_the_cli_is_one_line_per_patch(project):
+    d = project / "patches" / "t"
+    (d / "0001-crlf.patch").write_bytes(patch_text(GOOD_TRAILERS).replace("\n", "\r\n").encode())
+    (d / "series").write_bytes(b"0001-crlf.patch\r\n")
+    res = CliRunner().invoke(main, ["lint"])
+    assert res.exit_code == 1
+    lines = [ln for ln in res.output.splitlines() if ln.strip() and "patches in" not in ln]
+    assert len(lines) == 1 and "CRLF" in lines[0], res.output
+
+
+def test_bom_at_the_start_of_series_is_tolerated(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    write(d, "0001-a.patch", patch_text(GOOD_TRAILERS))
+    (d / "series").write_bytes(b"\xef\xbb\xbf0001-a.patch\n")
+    s = read_series(d)
+    assert s.all_problems() == []
+    assert [p.name for p in s.patches] == ["0001-a.patch"]
+
+
+def test_bom_at_the_start_of_a_patch_is_named(tmp_path):
+    path = tmp_path / "0001-bom.patch"
+    path.write_bytes(b"\xef\xbb\xbf" + patch_text(GOOD_TRAILERS).encode())
+    msgs = messages(parse_patch(path))
+    assert len(msgs) == 1 and "byte-order mark" in msgs[0], msgs
+
+
+def test_series_that_is_not_utf8_is_a_problem_not_a_crash(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "series").write_bytes(b"0001-\xff.patch\n")
+    msgs = [str(p) for p in read_series(d).all_problems()]
+    assert len(msgs) == 1 and "series" in msgs[0] and "not UTF-8" in msgs[0], msgs
+
+
+def test_unreadable_patch_is_a_problem_not_a_crash(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "0001-a.patch").mkdir()  # a directory where a patch should be
+    (d / "series").write_text("0001-a.patch\n")
+    msgs = [str(p) for p in read_series(d).all_problems()]
+    assert len(msgs) == 1 and "0001-a.patch" in msgs[0], msgs
