@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .bases import Progress
-from .cache import Cache
+from . import evidence
 from .env import Env
 from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .targets import Component, Target
@@ -240,12 +239,6 @@ def parse_junit_into(result: RunResult, path: Path) -> None:
     result.cases = cases
 
 
-def results_dir(cache: Cache, target: str, component: str, digest: str) -> Path:
-    path = cache.results / target / component / digest
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def run_properties(target: Target, comp: Component, stack, platform: str, state: str, commit: str) -> dict[str, str]:
     return {"target": target.name, "component": comp.name, "base": stack.base.commit, "base_ref": stack.base.ref,
             "series": stack.digest, "platform": platform, "state": state, "tree": commit}
@@ -269,6 +262,8 @@ class TestResult:
     command: str | None = None  # cuda/npu: what a runner with the hardware runs
     reason: str = ""
     ok: bool = False
+    origin: str = "series"
+    record: str | None = None  # the evidence record saved for this run
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k != "run"}
@@ -326,7 +321,7 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
     result = TestResult(target.name, comp.name, platform, state, stack.base.commit, stack.digest, stack.size,
                         env=env.key)
     n = 0 if on_base else stack.size
-    rdir = results_dir(ctx.cache, target.name, comp.name, stack.digest)
+    rdir = evidence.attachments(ctx.cache, stack.key, "test", f"{platform}-{state}")
     with stack.lock(say):
         commit = stack.checkout(n)
         if on_base:
@@ -336,7 +331,7 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
             for c in result.skipped_checks:
                 say(f"skipping {c}: not in the base tree (a patch adds it)")
         say(f"running {len(nodes)} selectors on the {state} tree of {target.name} ({commit[:12]}) with env {env.key}")
-        run = run_pytest(env, stack.worktree, nodes, rdir / f"test-{platform}-{state}.xml",
+        run = run_pytest(env, stack.worktree, nodes, rdir / "junit.xml",
                          run_properties(target, comp, stack, platform, state, commit), state, commit, keyword,
                          sys.stderr if stream else None)
     result.run = run
@@ -353,6 +348,10 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
         result.reason = f"{len(absent)} selected tests are not in the tree: {', '.join(absent[:5])}"
     else:
         result.ok = True
+    result.origin = stack.origin
+    result.record = str(evidence.save(ctx.cache, evidence.Record("test", stack.key, f"{platform}-{state}",
+                                                               stack.origin, platform, result.ok,
+                                                               data=result.to_json())))
     return result
 
 

@@ -48,6 +48,13 @@ class Stack:
     def digest(self) -> str:
         return self.series.digest
 
+    @property
+    def key(self):
+        """The evidence key of this stack: (target, component, base commit, series digest)."""
+        from .evidence import Key
+
+        return Key(self.target, self.component, self.base.commit, self.digest)
+
     def in_base(self, n: int) -> bool:
         """Patch n changed nothing: git am found it already in the tree."""
         return n > 0 and gitutil.rev_parse(self.worktree, f"{self.commits[n]}^{{tree}}") == \

@@ -13,14 +13,13 @@ pytest runs once per tree state with every node needed there (patch N's "after" 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .errors import EXIT_TESTS, KvforgeError
-from .fsutil import atomic_write_text
-from .testrun import RunResult, results_dir, run_properties, run_pytest, selection, summary_line, unique
+from . import evidence
+from .testrun import RunResult, run_properties, run_pytest, selection, summary_line, unique
 
 PLATFORM = "cpu"
 VERB = {"passed": "passes", "failed": "fails", "error": "errors", "skipped": "is skipped",
@@ -161,7 +160,7 @@ def verify_target(ctx) -> VerifyReport:
     env.check()
     report = VerifyReport(target.name, comp.name, PLATFORM, stack.base.ref, stack.base.commit, stack.base.source,
                           stack.digest, str(comp.series_dir), env.key, stack.origin)
-    rdir = results_dir(ctx.cache, target.name, comp.name, stack.digest) / "verify"
+    rdir = evidence.attachments(ctx.cache, stack.key, "verify")
     needs, overlays = plan(patches, final_nodes, stack)
     runs: dict[int, RunResult] = {}
     say(f"verifying {len(patches)} patches of {target.name} on {stack.base.ref} ({stack.base.commit[:12]}), "
@@ -199,9 +198,9 @@ def verify_target(ctx) -> VerifyReport:
                          "commit": final.commit, "ok": not reason, "reason": reason, "problems": final.problems(50)}
     report.ok = not reason and all(p.ok for p in report.patches)
     report.seconds = time.monotonic() - start
-    path = rdir / "verify.json"
-    report.report = str(path)
-    atomic_write_text(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+    record = evidence.Record("verify", stack.key, origin=stack.origin, platform=PLATFORM, ok=report.ok,
+                             data=report.to_json())
+    report.report = str(evidence.save(ctx.cache, record))
     return report
 
 

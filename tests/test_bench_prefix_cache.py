@@ -463,14 +463,19 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
                             origin=origin, worktree=tmp_path / "tree", commits=["b" * 40, "c" * 40, "p" * 40],
                             in_base=lambda n: False, lock=lambda say: nullcontext())
     stack.checkout = lambda n: stack.commits[n]
+    from kvforge.evidence import Key
+
+    stack.key = Key("v0.20.1", "vllm", "b" * 40, "5e41e5d1")
     env = SimpleNamespace(key="envkey", python=Path("python"), check=lambda: None, environ=lambda: {})
     monkeypatch.setattr(kvforge.trees, "open_stack", lambda ctx: stack)
     monkeypatch.setattr(kvforge.env, "target_env", lambda ctx, base: env)
     docs = {"base": RESEND_BASE, "patched": RESEND_FIXED}
     monkeypatch.setattr(pc, "run_replay", lambda py, environ, tree, runs, scale, seed, out, state, say:
                         {"results": [docs[state]], "errors": []})
+    from kvforge.cache import Cache
+
     ctx = SimpleNamespace(progress=lambda m: None, target=SimpleNamespace(name="v0.20.1"),
-                          cache=SimpleNamespace(results=tmp_path / "results"),
+                          cache=Cache(tmp_path / "cache"),
                           component=SimpleNamespace(name="vllm", series_dir=Path("patches/v0.20.1")))
     res = pc.bench_prefix_cache(ctx, "dsv4-resend", 0.05, 3)
     want = {"target": "v0.20.1", "component": "vllm", "base": "b" * 40, "base_ref": "v0.20.1",
@@ -478,9 +483,12 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
     doc = res.to_json()
     assert {k: doc[k] for k in want} == want
     assert doc["trees"]["base"]["commit"] == doc["base"] and doc["trees"]["patched"]["commit"] == "p" * 40
-    summary = json.loads(Path(res.files[-1]).read_text())
-    assert {k: summary[k] for k in want} == want
-    assert Path(res.files[-1]).parent.name == "prefix-cache-bbbbbbbbbbbb-5e41e5d1-s0.05-seed3"
+    from kvforge import evidence
+
+    record = evidence.read(Path(res.files[-1]))
+    assert record.kind == "bench-prefix-cache" and record.origin == origin and record.key == stack.key
+    assert {k: record.data[k] for k in want} == want
+    assert evidence.latest(ctx.cache, stack.key, "bench-prefix-cache", "s0.05-seed3").path == record.path
     out: list[str] = []
     pc.print_bench(res, out.append)
     assert ("series: --from HEAD (0123456789ab), 2 commit(s), digest 5e41e5d1" in out) == (origin != "series")

@@ -26,8 +26,8 @@ from typing import Callable
 
 from . import DEFAULT_SCALE
 from .replay import workloads
+from .. import evidence
 from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
-from ..fsutil import atomic_write_text
 from ..report import table
 
 Progress = Callable[[str], None]
@@ -388,8 +388,8 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
         result.note = (f"{comp.series_dir.name}: no patch changes the base; the base tree is the patched tree"
                        if stack.size else f"{comp.series_dir.name}: empty series; the base tree is the patched tree")
         say(result.note)
-    outdir = cache.results / "bench" / target.name / (
-        f"prefix-cache-{stack.base.commit[:12]}-{stack.digest[:12]}-s{scale:g}-seed{seed}")
+    name = f"s{scale:g}-seed{seed}"
+    outdir = evidence.attachments(cache, stack.key, "bench-prefix-cache", name)
     environ = env.environ()
     with stack.lock(say):
         for state, n in states:
@@ -405,9 +405,9 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
     result.rows = aggregate(docs)
     result.goals = goals(result.rows, result.states[-1])
     result.seconds = time.monotonic() - start
-    summary = outdir / "summary.json"
-    atomic_write_text(summary, json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) + "\n")
-    result.files.append(str(summary))
+    record = evidence.Record("bench-prefix-cache", stack.key, name, stack.origin, "cpu", not result.errors,
+                             data=result.to_json())
+    result.files.append(str(evidence.save(cache, record)))
     return result
 
 
