@@ -268,7 +268,8 @@ def lint_cmd(target_names: tuple[str, ...], as_json: bool) -> None:
         for p in problems:
             click.echo(str(p))
         click.echo(f"{checked} patches in {ntargets} targets: "
-                   + (f"{len(problems)} problems" if problems else "clean"), err=bool(problems))
+                   + (f"{len(problems)} problem{'s' if len(problems) > 1 else ''}" if problems else "clean"),
+                   err=bool(problems))
     if problems:
         sys.exit(EXIT_LINT)
 
@@ -325,7 +326,9 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
 @cli.command("env")
 @target_option
 @component_option
-@click.option("--rebuild", is_flag=True, help="Remove and rebuild the target's environment.")
+@click.option("--rebuild", is_flag=True, help="Remove and rebuild the target's environment (or overlay).")
+@click.option("--platform", "platform_name", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu",
+              show_default=True, help="The platform whose environment to set up (cuda/npu need --python).")
 @python_option
 @torch_index_option
 @source_option
@@ -333,7 +336,8 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
 @json_option
 @click.pass_obj
 @handle_errors
-def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool, python: Path | None,
+def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool, platform_name: str,
+            python: Path | None,
             torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Build (once) the Python environment that runs the target's vLLM CPU tests.
 
@@ -347,12 +351,13 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, python=python,
                    torch_index=torch_index)
-    env = target_env(ctx, rebuild=rebuild)
+    env = target_env(ctx, rebuild=rebuild, platform=platform_name)
     if as_json:
         emit_json(env.to_json())
     else:
         how = "external" if env.external else ("reused" if env.reused else f"built in {env.seconds:.0f}s")
-        click.echo(f"{target_name}: env {env.key} ({how}): {env.python}")
+        click.echo(f"{target_name}: env {env.key} ({how}): {env.python}"
+                   + (f"; overlay {env.overlay}" if getattr(env, "overlay", None) else ""))
 
 
 @cli.command("test")

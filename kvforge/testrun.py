@@ -21,6 +21,8 @@ from typing import Callable, TextIO
 
 from . import evidence
 from .env import Env
+from .platforms import HARDWARE, hardware_command
+from .platforms import get as get_platform
 from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .targets import Component, Target
 
@@ -273,29 +275,12 @@ class TestResult:
         return data
 
 
-HARDWARE = {
-    "cuda": "an NVIDIA GPU and vLLM built for CUDA from the tree (VLLM_USE_PRECOMPILED=1 pip install -e .)",
-    "npu": "an Ascend NPU with CANN, torch-npu and vllm-ascend installed over the tree",
-}
-
-
 def selection(comp: Component, platform: str, checks: list[str], where: Path) -> list[str]:
     if platform not in comp.platforms or platform not in comp.tests:
         raise KvforgeError(f"{where}: component {comp.name} has no {platform} tests "
                            f"(platforms: {', '.join(comp.platforms)}; tests: {', '.join(comp.tests) or 'none'})",
                            EXIT_USAGE)
     return unique([*comp.tests[platform], *checks])
-
-
-def hardware_command(target: Target, comp: Component, platform: str, nodes: list[str], on_base: bool) -> str:
-    """What a runner with the hardware runs: get the tree, install vLLM for the device, run pytest."""
-    tree = f"vllm-{target.name}" + ("-base" if on_base else "")
-    get = (f"git clone --depth 1 -b {comp.ref} {comp.repo} {tree}" if on_base
-           else f"kvforge apply --target {target.name} --into {tree}")
-    install = {"cuda": "VLLM_USE_PRECOMPILED=1 pip install -e . pytest tblib",
-               "npu": "pip install -e . pytest tblib vllm-ascend"}[platform]
-    return (f"{get} && cd {tree} && {install} && python -m pytest -o junit_family=xunit2 "
-            f"--junitxml=kvforge-{target.name}-{platform}.xml " + " ".join(nodes))
 
 
 def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: bool = True) -> TestResult:
@@ -311,12 +296,16 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
     nodes = selection(comp, platform, checks, target.path)
     state = "base" if on_base else "patched"
     if platform != "cpu":
-        return TestResult(target.name, comp.name, platform, state, "", series.digest, len(series.patches),
-                          command=hardware_command(target, comp, platform,
-                                                   list(comp.tests[platform]) if on_base else nodes, on_base),
-                          reason=f"{platform} tests need {HARDWARE[platform]}; this machine has none")
+        ok, why = (get_platform(platform).available(ctx.python) if ctx.python
+                   else (False, "no --python names the interpreter set up for it"))
+        if not ok:
+            return TestResult(target.name, comp.name, platform, state, "", series.digest, len(series.patches),
+                              command=hardware_command(target, comp, platform,
+                                                       list(comp.tests[platform]) if on_base else nodes,
+                                                       on_base, python=ctx.python),
+                              reason=f"{platform} tests need {HARDWARE[platform]}; {why}")
     stack = open_stack(ctx) if not ctx.from_rev else stack
-    env = target_env(ctx, base=stack.base)
+    env = target_env(ctx, base=stack.base, platform=platform)
     env.check()
     result = TestResult(target.name, comp.name, platform, state, stack.base.commit, stack.digest, stack.size,
                         env=env.key)

@@ -1,0 +1,259 @@
+"""The platforms vLLM's tests run on (cpu, cuda, npu), as data: what hardware each needs, whether it is
+here, how its test environment is made, the environment variables it sets, and the runner labels a
+CI job for it asks for.
+
+- cpu: any machine. The environment is the venv kvforge builds (kvforge/env.py: torch CPU, vLLM's
+  pure-Python requirements, kvforge's CPU platform plugin) or a user's interpreter with an overlay.
+- cuda: an NVIDIA GPU visible to the user's interpreter (--python), which holds the target's CUDA
+  torch and the tree's vLLM with its compiled extensions. kvforge never builds a CUDA env.
+- npu: an Ascend NPU with CANN, torch-npu and vllm-ascend in the user's interpreter.
+
+Runner labels are defaults (GitHub Actions `runs-on`, Buildkite agent tags); a project overrides them
+in its CI files. Nothing here runs a test; `available()` only looks.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EXIT_NOT_RUN, EXIT_USAGE, KvforgeError
+
+PROBE_TIMEOUT = 120  # seconds: importing torch (and torch_npu) can be slow on a cold disk
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    hardware: str  # what a machine needs, in words (shown when a platform cannot run here)
+    env_recipe: tuple[str, ...]  # how its test environment is made, step by step
+    environ_items: tuple[tuple[str, str], ...]  # set for every test run on it, over kvforge's common ones
+    cpu_plugin: bool  # kvforge's CPU platform plugin goes into its environment
+    needs_python: bool  # kvforge cannot build its env: the user's interpreter (--python) is required
+    install: str | None  # hardware_command's install step in a fresh clone (None: kvforge env does it)
+    runner_labels: tuple[tuple[str, tuple[str, ...]], ...]  # DEFAULTS per CI system; projects override
+    probe: str  # how available() looks: "always" | "cuda" | "npu"
+
+    @property
+    def environ(self) -> dict[str, str]:
+        return dict(self.environ_items)
+
+    def labels(self, ci: str) -> tuple[str, ...]:
+        """Default runner labels for `ci` (github | buildkite)."""
+        return dict(self.runner_labels).get(ci, ())
+
+    def available(self, python: Path | None = None) -> tuple[bool, str]:
+        """(True, what is here) or (False, why not): the hardware, as `python` (when given) sees it."""
+        if self.probe == "always":
+            return True, "any CPU"
+        if self.probe == "cuda":
+            return _probe_cuda(python)
+        if self.probe == "npu":
+            return _probe_npu(python)
+        raise AssertionError(self.probe)
+
+
+CPU = Platform(
+    name="cpu",
+    hardware="any x86_64 or aarch64 machine (torch CPU wheels)",
+    env_recipe=(
+        "a venv kvforge builds in its cache: torch CPU from $KVFORGE_TORCH_WHEEL, --torch-index, PyTorch's "
+        "CPU index or pip's find-links (kvforge/env.py)",
+        "vLLM's import-time requirements with the tree's own specifiers, xgrammar --no-deps, pytest, tblib",
+        "kvforge's CPU platform plugin (vllm.platform_plugins), installed only there",
+        "or: --python PATH (an interpreter with torch); what it lacks goes into an overlay in the cache",
+    ),
+    # Newer vLLM (0.33.0) takes this as an explicit CPU platform; older ones use the plugin.
+    environ_items=(("VLLM_TARGET_DEVICE", "cpu"),),
+    cpu_plugin=True,
+    needs_python=False,
+    install=None,
+    runner_labels=(("github", ("ubuntu-latest",)), ("buildkite", ("queue=cpu",))),
+    probe="always",
+)
+
+CUDA = Platform(
+    name="cuda",
+    hardware="an NVIDIA GPU and vLLM built for CUDA from the tree (VLLM_USE_PRECOMPILED=1 pip install -e .)",
+    env_recipe=(
+        "your interpreter (--python PATH) with the target's CUDA torch (the version the tree's "
+        "requirements/cuda.txt pins)",
+        "the tree's vLLM with its compiled extensions: `VLLM_USE_PRECOMPILED=1 pip install -e .` in the tree "
+        "(or the patched wheel)",
+        "pytest and tblib; anything else of vLLM's import-time requirements it lacks goes into an overlay "
+        "in kvforge's cache (never into your interpreter); no CPU plugin",
+    ),
+    environ_items=(),
+    cpu_plugin=False,
+    needs_python=True,
+    install="VLLM_USE_PRECOMPILED=1 pip install -e . pytest tblib",
+    runner_labels=(("github", ("self-hosted", "linux", "x64", "gpu")), ("buildkite", ("queue=gpu_1_queue",))),
+    probe="cuda",
+)
+
+NPU = Platform(
+    name="npu",
+    hardware="an Ascend NPU with CANN, torch-npu and vllm-ascend installed over the tree",
+    env_recipe=(
+        "your interpreter (--python PATH) on a machine with CANN, with torch and torch-npu of the versions "
+        "vllm-ascend's release names",
+        "the tree's vLLM (`pip install -e .` with VLLM_TARGET_DEVICE=empty) and vllm-ascend over it",
+        "pytest and tblib; anything else it lacks goes into an overlay in kvforge's cache; no CPU plugin",
+    ),
+    environ_items=(),
+    cpu_plugin=False,
+    needs_python=True,
+    install="pip install -e . pytest tblib vllm-ascend",
+    runner_labels=(("github", ("linux-aarch64-a2-1",)), ("buildkite", ("queue=ascend",))),
+    probe="npu",
+)
+
+PLATFORMS: dict[str, Platform] = {p.name: p for p in (CPU, CUDA, NPU)}
+# What a runner for a platform kvforge cannot build needs (the text `kvforge test --platform` prints).
+HARDWARE: dict[str, str] = {p.name: p.hardware for p in PLATFORMS.values() if p.needs_python}
+
+
+def get(name: str) -> Platform:
+    try:
+        return PLATFORMS[name]
+    except KeyError:
+        raise KvforgeError(f"unknown platform {name!r} (known: {', '.join(PLATFORMS)})", EXIT_USAGE) from None
+
+
+def require_available(name: str, python: Path | None) -> Platform:
+    """The platform, or exit 7 (not run) with one line saying what is missing here."""
+    plat = get(name)
+    ok, why = plat.available(python)
+    if not ok:
+        raise KvforgeError(f"not run: {name} tests need {plat.hardware}; {why}", EXIT_NOT_RUN)
+    return plat
+
+
+def hardware_command(target, component, platform: str, nodes: list[str], on_base: bool,
+                     python: Path | str | None = None) -> str:
+    """What a runner with the hardware runs.
+
+    Without `python`: get the tree (a clone of the base ref, or `kvforge apply --into`), install vLLM
+    for the device, run pytest on `nodes`. With `python` (the interpreter the runner set up for the
+    device): `kvforge test --platform P --python PATH --target T`, which picks the selection itself.
+    """
+    plat = get(platform)
+    if python is not None:
+        cmd = ["kvforge", "test", "--platform", platform, "--python", str(python), "--target", target.name]
+        if len(getattr(target, "components", ())) > 1:
+            cmd += ["--component", component.name]
+        if on_base:
+            cmd.append("--base")
+        return shlex.join(cmd)
+    if plat.install is None:
+        raise KvforgeError(f"platform {platform}: kvforge builds its environment itself "
+                           f"(`kvforge test --platform {platform} --target {target.name}`)", EXIT_USAGE)
+    tree = f"vllm-{target.name}" + ("-base" if on_base else "")
+    get_tree = (f"git clone --depth 1 -b {component.ref} {component.repo} {tree}" if on_base
+                else f"kvforge apply --target {target.name} --into {tree}")
+    return (f"{get_tree} && cd {tree} && {plat.install} && python -m pytest -o junit_family=xunit2 "
+            f"--junitxml=kvforge-{target.name}-{platform}.xml " + " ".join(nodes))
+
+
+# ---------------------------------------------------------------- availability probes
+
+CUDA_PROBE = """\
+import json
+out = {}
+try:
+    import torch
+except Exception as exc:
+    out["error"] = f"cannot import torch ({type(exc).__name__}: {exc})"
+else:
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    try:
+        out["available"] = bool(torch.cuda.is_available())
+        out["devices"] = torch.cuda.device_count() if out["available"] else 0
+        out["name"] = torch.cuda.get_device_name(0) if out["devices"] else ""
+    except Exception as exc:
+        out["available"], out["error"] = False, f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+NPU_PROBE = """\
+import json
+out = {}
+try:
+    import torch
+    import torch_npu  # noqa: F401  (registers torch.npu)
+except Exception as exc:
+    out["error"] = f"cannot import torch_npu ({type(exc).__name__}: {exc})"
+else:
+    out["torch"] = torch.__version__
+    try:
+        out["available"] = bool(torch.npu.is_available())
+        out["devices"] = torch.npu.device_count() if out["available"] else 0
+    except Exception as exc:
+        out["available"], out["error"] = False, f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def _run_probe(python: Path, code: str) -> tuple[dict | None, str]:
+    if not Path(python).exists():
+        return None, f"{python} does not exist"
+    try:
+        res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+    except OSError as exc:
+        return None, f"cannot run {python}: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        return None, f"{python} did not answer within {PROBE_TIMEOUT}s"
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1]), ""
+    except (IndexError, ValueError):
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"{python} failed: {last}"
+
+
+def _tool(cmd: list[str]) -> tuple[bool, str]:
+    """Run a vendor tool (nvidia-smi, npu-smi): (ran and exited 0, first line of its output or why not)."""
+    if shutil.which(cmd[0]) is None:
+        return False, f"{cmd[0]} not found"
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{cmd[0]} failed ({exc})"
+    first = next((ln.strip() for ln in (res.stdout + res.stderr).splitlines() if ln.strip()), "no output")
+    return res.returncode == 0, first if res.returncode == 0 else f"`{' '.join(cmd)}` exited {res.returncode}: {first}"
+
+
+def _probe_cuda(python: Path | None) -> tuple[bool, str]:
+    if python is None:
+        ok, line = _tool(["nvidia-smi", "-L"])
+        return (True, line) if ok else (False, f"no NVIDIA GPU here ({line})")
+    info, err = _run_probe(Path(python), CUDA_PROBE)
+    if info is None:
+        return False, err
+    if "torch" not in info:
+        return False, f"{python}: {info.get('error', 'no torch')}"
+    if not info.get("cuda"):
+        return False, f"torch {info['torch']} in {python} is not a CUDA build (torch.version.cuda is None)"
+    if not info.get("available"):
+        why = info.get("error") or "torch.cuda.is_available() is False"
+        return False, f"torch {info['torch']} (CUDA {info['cuda']}) in {python} sees no GPU: {why}"
+    return True, f"torch {info['torch']} in {python} sees {info['devices']} CUDA device(s): {info.get('name', '')}"
+
+
+def _probe_npu(python: Path | None) -> tuple[bool, str]:
+    if python is None:
+        ok, line = _tool(["npu-smi", "info"])
+        return (True, line) if ok else (False, f"no Ascend NPU here ({line})")
+    info, err = _run_probe(Path(python), NPU_PROBE)
+    if info is None:
+        return False, err
+    if "torch" not in info:
+        return False, f"{python}: {info.get('error', 'no torch_npu')}"
+    if not info.get("available"):
+        why = info.get("error") or "torch.npu.is_available() is False"
+        return False, f"torch {info['torch']} with torch_npu in {python} sees no NPU: {why}"
+    return True, f"torch {info['torch']} in {python} sees {info['devices']} NPU(s)"
