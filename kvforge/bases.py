@@ -40,7 +40,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import tarfile
 import time
 import zlib
@@ -457,10 +456,8 @@ def import_archive(repo: Path, archive: Path, component: Component, digest: str)
         raise KvforgeError(f"{archive}: not a readable release archive: {exc}", EXIT_NETWORK) from None
     with tar:
         # unpackLimit=0: always one pack (never loose objects), so an import moves in as whole files.
-        proc = subprocess.Popen(["git", *gitutil.HERMETIC, "-c", "fastimport.unpackLimit=0", "fast-import",
-                                 "--quiet", "--done", "--force"],
-                                cwd=repo.parent, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, env=gitutil._plain_env({"GIT_DIR": str(repo)}))
+        proc = gitutil.popen(repo.parent, "-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", "--done",
+                             "--force", env={"GIT_DIR": str(repo)})
         try:
             try:
                 _stream(tar, proc.stdin.write, message)

@@ -22,6 +22,7 @@ import click
 from . import __version__
 from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
+from .platforms import PLATFORMS
 from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_LINT, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .report import emit_json, table
 
@@ -327,7 +328,7 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
 @target_option
 @component_option
 @click.option("--rebuild", is_flag=True, help="Remove and rebuild the target's environment (or overlay).")
-@click.option("--platform", "platform_name", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu",
+@click.option("--platform", "platform_name", type=click.Choice(list(PLATFORMS)), default="cpu",
               show_default=True, help="The platform whose environment to set up (cuda/npu need --python).")
 @python_option
 @torch_index_option
@@ -363,7 +364,7 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 @cli.command("test")
 @target_option
 @component_option
-@click.option("--platform", "platform_name", type=click.Choice(["cpu", "cuda", "npu"]), default="cpu",
+@click.option("--platform", "platform_name", type=click.Choice(list(PLATFORMS)), default="cpu",
               show_default=True, help="Test selection to run (targets/*.toml components.tests).")
 @click.option("--base/--patched", "on_base", default=False,
               help="Run on the base tree, or on the fully patched tree [default: --patched].")

@@ -70,10 +70,10 @@ def _plain_env(extra: dict | None = None) -> dict:
     return {**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(extra or {})}
 
 
-def popen(cwd: Path, *args: str) -> subprocess.Popen:
+def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """Start a git process with stdin/stderr pipes, for streams fed while they run (fast-import)."""
     return subprocess.Popen(["git", *HERMETIC, *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=_plain_env())
+                            stderr=subprocess.PIPE, env=_plain_env(env))
 
 
 def rev_parse(cwd: Path, rev: str) -> str | None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
-
-PLATFORMS = ("cpu", "cuda", "npu")
+from .platforms import PLATFORMS  # the platforms are data in one module
 
 
 @dataclass(frozen=True)
