@@ -62,7 +62,7 @@ CPU = Platform(
     hardware="any x86_64 or aarch64 machine (torch CPU wheels)",
     env_recipe=(
         "a venv kvforge builds in its cache: torch CPU from $KVFORGE_TORCH_WHEEL, --torch-index, PyTorch's "
-        "CPU index or pip's find-links (kvforge/env.py)",
+        "CPU index or pip's find-links (kvforge/torchsource.py)",
         "vLLM's import-time requirements with the tree's own specifiers, xgrammar --no-deps, pytest, tblib",
         "kvforge's CPU platform plugin (vllm.platform_plugins), installed only there",
         "or: --python PATH (an interpreter with torch); what it lacks goes into an overlay in the cache",

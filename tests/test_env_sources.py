@@ -1,4 +1,4 @@
-"""Where a built environment's torch comes from: the source chain of kvforge/env.py.
+"""Where a built environment's torch comes from: the source chain of kvforge/torchsource.py.
 
 Most tests here install a FAKE torch: a tiny wheel named torch-2.13.0+cpu-py3-none-any.whl whose
 only module says which source it came from. It is not PyTorch; it exercises the chain (order,
@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from kvforge import env as kvenv
+from kvforge import torchsource
 from kvforge.errors import EXIT_ENV, KvforgeError
 
 VERSION = "2.13.0"
@@ -109,9 +110,9 @@ def log_in(tmp_path: Path) -> Path:
 
 def test_sources_are_tried_in_the_documented_order(monkeypatch):
     monkeypatch.delenv("KVFORGE_TORCH_WHEEL", raising=False)
-    assert [(s.kind, s.default) for s in kvenv.torch_sources()] == [("index", True), ("find-links", False)]
+    assert [(s.kind, s.default) for s in torchsource.torch_sources()] == [("index", True), ("find-links", False)]
     monkeypatch.setenv("KVFORGE_TORCH_WHEEL", "/w/torch.whl")
-    sources = kvenv.torch_sources("https://example.invalid/simple")
+    sources = torchsource.torch_sources("https://example.invalid/simple")
     assert [s.short for s in sources] == ["$KVFORGE_TORCH_WHEEL", "--torch-index", "PyTorch's CPU index",
                                           "pip's find-links"]
     assert sources[2].location == "https://download.pytorch.org/whl/cpu"
@@ -120,13 +121,13 @@ def test_sources_are_tried_in_the_documented_order(monkeypatch):
 def test_an_explicit_local_index_installs_torch_with_no_find_links_configured(py, tmp_path):
     wheel = fake_torch_wheel(tmp_path / "built", "local index")
     index = pep503_index(tmp_path / "index", wheel)
-    got = kvenv.install_torch(py, VERSION, str(index), log_in(tmp_path))
+    got = torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path))
     assert installed_source(py) == "local index"
     assert (got.kind, got.version, got.source) == ("index", f"{VERSION}+cpu", f"--torch-index {index}")
     assert got.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
     # The same index as a file:// URL.
     subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torch"], check=True, capture_output=True)
-    kvenv.install_torch(py, VERSION, index.as_uri(), log_in(tmp_path))
+    torchsource.install_torch(py, VERSION, index.as_uri(), log_in(tmp_path))
     assert installed_source(py) == "local index"
 
 
@@ -146,7 +147,7 @@ def test_pip_configuration_cannot_supply_torch_when_an_index_is_given(py, tmp_pa
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", decoy_index.as_uri())
     monkeypatch.setenv("PIP_INDEX_URL", decoy_index.as_uri())
     monkeypatch.setenv("PIP_NO_INDEX", "1")
-    kvenv.install_torch(py, VERSION, str(index), log_in(tmp_path))
+    torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path))
     assert installed_source(py) == "given index"
 
 
@@ -154,7 +155,7 @@ def test_a_wrong_sha256_in_the_index_is_refused_by_pip(py, tmp_path):
     wheel = fake_torch_wheel(tmp_path / "built", "tampered")
     index = pep503_index(tmp_path / "index", wheel, sha256="0" * 64)
     with pytest.raises(KvforgeError) as exc:
-        kvenv.install_torch(py, VERSION, str(index), log_in(tmp_path))
+        torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path))
     assert exc.value.exit_code == EXIT_ENV
     assert f"--torch-index {index}: pip: sha256 mismatch: the index says 0000000000000000" in str(exc.value)
     assert installed_source(py) is None
@@ -163,7 +164,7 @@ def test_a_wrong_sha256_in_the_index_is_refused_by_pip(py, tmp_path):
 def test_an_index_link_without_sha256_is_refused(py, tmp_path):
     index = pep503_index(tmp_path / "index", fake_torch_wheel(tmp_path / "built", "unhashed"), sha256=None)
     with pytest.raises(KvforgeError, match="give no sha256 for torch-2.13.0"):
-        kvenv.install_torch(py, VERSION, str(index), log_in(tmp_path))
+        torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path))
     assert installed_source(py) is None
 
 
@@ -174,7 +175,7 @@ def test_a_gpu_torch_is_refused_and_removed_and_the_next_source_used(py, tmp_pat
     fake_torch_wheel(links, "find-links")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     msgs = []
-    got = kvenv.install_torch(py, VERSION, str(index), log_in(tmp_path), msgs.append)
+    got = torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path), msgs.append)
     assert installed_source(py) == "find-links" and got.kind == "find-links"
     assert any("GPU build (needs nvidia-cublas-cu12)" in m for m in msgs), msgs
 
@@ -186,7 +187,7 @@ def test_no_source_has_torch_one_line_names_every_source_and_why(py, tmp_path, m
     empty.mkdir()
     monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
     with pytest.raises(KvforgeError) as exc:
-        kvenv.install_torch(py, VERSION, str(other), log_in(tmp_path))
+        torchsource.install_torch(py, VERSION, str(other), log_in(tmp_path))
     msg = str(exc.value)
     assert exc.value.exit_code == EXIT_ENV and "\n" not in msg
     assert f"$KVFORGE_TORCH_WHEEL {tmp_path / 'missing.whl'}: no such file" in msg
@@ -201,10 +202,10 @@ def test_an_unreachable_index_fails_at_the_probe_before_pip_runs(py, tmp_path, m
     """A closed local port stands in for an index that cannot be reached (PyTorch's, on a machine that
     only reaches PyPI): the probe says so and pip is never started."""
     monkeypatch.delenv("KVFORGE_OFFLINE")
-    monkeypatch.setattr(kvenv, "PYTORCH_CPU_INDEX", "http://127.0.0.1:9/whl/cpu")
+    monkeypatch.setattr(torchsource, "PYTORCH_CPU_INDEX", "http://127.0.0.1:9/whl/cpu")
     log = log_in(tmp_path)
     with pytest.raises(KvforgeError) as exc:
-        kvenv.install_torch(py, VERSION, "http://127.0.0.1:9/simple", log)
+        torchsource.install_torch(py, VERSION, "http://127.0.0.1:9/simple", log)
     msg = str(exc.value)
     assert "--torch-index http://127.0.0.1:9/simple: unreachable (" in msg
     assert "PyTorch's CPU index http://127.0.0.1:9/whl/cpu: unreachable (" in msg
@@ -215,10 +216,10 @@ def test_an_explicit_wheel_file_must_be_torch_of_the_version(py, tmp_path, monke
     old = fake_torch_wheel(tmp_path / "w", "old", version="2.12.0+cpu")
     monkeypatch.setenv("KVFORGE_TORCH_WHEEL", str(old))
     with pytest.raises(KvforgeError, match=r"torch-2.12.0\+cpu-py3-none-any.whl is torch 2.12.0\+cpu, not 2.13.0"):
-        kvenv.install_torch(py, VERSION, None, log_in(tmp_path))
+        torchsource.install_torch(py, VERSION, None, log_in(tmp_path))
     good = fake_torch_wheel(tmp_path / "w", "wheel file")
     monkeypatch.setenv("KVFORGE_TORCH_WHEEL", str(good))
-    got = kvenv.install_torch(py, VERSION, None, log_in(tmp_path))
+    got = torchsource.install_torch(py, VERSION, None, log_in(tmp_path))
     assert installed_source(py) == "wheel file" and got.sha256 == hashlib.sha256(good.read_bytes()).hexdigest()
 
 
@@ -236,7 +237,7 @@ def test_the_env_key_does_not_depend_on_where_torch_comes_from(tmp_path, monkeyp
 def real_torch_wheel() -> Path | None:
     """The real torch CPU wheel, if pip's configuration on this machine names a find-links directory with it."""
     try:
-        return kvenv.find_torch_wheel(Path(sys.executable), VERSION)
+        return torchsource.find_torch_wheel(Path(sys.executable), VERSION)
     except KvforgeError:
         return None
 
@@ -248,9 +249,9 @@ REAL_WHEEL = real_torch_wheel()  # looked up before any test clears pip's config
 @pytest.mark.skipif(REAL_WHEEL is None, reason=f"no real torch {VERSION} wheel in pip's configured find-links")
 def test_the_real_torch_wheel_installs_from_a_local_pep503_index(py, tmp_path):
     index = pep503_index(tmp_path / "index", REAL_WHEEL, link=True)  # hard link (or symlink): it is ~190 MB
-    got = kvenv.install_torch(py, VERSION, str(index), log_in(tmp_path))
+    got = torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path))
     assert got.kind == "index" and got.version.startswith(VERSION) and "+cpu" in got.version
-    assert got.sha256 == kvenv._sha256(REAL_WHEEL)
+    assert got.sha256 == torchsource._sha256(REAL_WHEEL)
     out = subprocess.run([str(py), "-c", "import importlib.metadata as m; d = m.distribution('torch');"
                           "print(d.version); print(d.read_text('INSTALLER').strip())"],
                          capture_output=True, text=True, check=True).stdout.split()
@@ -276,7 +277,7 @@ def test_a_whole_env_builds_with_torch_from_a_local_index_and_no_find_links(base
     env = kvenv.ensure_env(spec, Cache(tmp_path / "cache"), torch_index=str(index))
     assert env.key == spec.key and not env.reused
     assert env.torch_source["kind"] == "index" and env.torch_source["source"] == f"--torch-index {index}"
-    assert env.torch_source["sha256"] == kvenv._sha256(REAL_WHEEL)
+    assert env.torch_source["sha256"] == torchsource._sha256(REAL_WHEEL)
     assert env.packages["torch"] == env.torch_source["version"] and "+cpu" in env.packages["torch"]
     assert "kvforge-cpu-platform" in env.packages and "transformers" in env.packages
     assert not any(p.lower().startswith("nvidia-") for p in env.packages)

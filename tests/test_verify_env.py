@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvforge import env as kvenv
+from kvforge import torchsource, userenv
 from kvforge.cache import Cache
 from kvforge.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 
@@ -90,7 +91,7 @@ def test_unfinished_env_is_never_used_and_a_failed_build_leaves_nothing(tmp_path
     def no_torch(py, version, torch_index, log, progress=None):
         raise KvforgeError("no torch here", EXIT_ENV)
 
-    monkeypatch.setattr(kvenv, "install_torch", no_torch)
+    monkeypatch.setattr(kvenv, "install_torch", no_torch)  # where env's build looks it up
     with pytest.raises(KvforgeError, match="no torch here"):
         kvenv.ensure_env(spec, cache)
     assert not half.exists()
@@ -104,7 +105,7 @@ def test_find_links_source_takes_a_local_cpu_wheel_for_this_python(tmp_path, mon
     links.mkdir()
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     with pytest.raises(KvforgeError) as exc:
-        kvenv.find_torch_wheel(Path(sys.executable), "2.13.0")
+        torchsource.find_torch_wheel(Path(sys.executable), "2.13.0")
     assert exc.value.exit_code == EXIT_ENV and str(links) in str(exc.value)
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     import platform
@@ -112,7 +113,14 @@ def test_find_links_source_takes_a_local_cpu_wheel_for_this_python(tmp_path, mon
     for local in ("", "+cpu"):
         (links / f"torch-2.13.0{local}-{tag}-{tag}-manylinux_2_28_{platform.machine()}.whl").write_bytes(b"")
     (links / f"torch-2.12.0+cpu-{tag}-{tag}-manylinux_2_28_{platform.machine()}.whl").write_bytes(b"")
-    assert "+cpu" in kvenv.find_torch_wheel(Path(sys.executable), "2.13.0").name
+    assert "+cpu" in torchsource.find_torch_wheel(Path(sys.executable), "2.13.0").name
+
+
+def test_the_env_modules_import_as_a_dag():
+    """torchsource imports neither env nor userenv; userenv never imports env at module level."""
+    code = ("import sys, kvforge.torchsource as t; assert 'kvforge.userenv' not in sys.modules, 1\n"
+            "import kvforge.userenv; assert 'kvforge.env' not in sys.modules, 2")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
 def test_cpu_platform_plugin_wheel_installs_and_registers(tmp_path):
@@ -177,15 +185,15 @@ def test_user_python_gets_an_overlay_of_only_what_it_lacks_and_is_never_changed(
     cache = Cache(tmp_path / "cache")
     before = freeze(user_python)
     msgs: list[str] = []
-    env = kvenv.user_env(user_python, small_spec(), cache, "cpu", progress=msgs.append)
+    env = userenv.user_env(user_python, small_spec(), cache, "cpu", progress=msgs.append)
     assert freeze(user_python) == before
     assert env.external and not env.reused and env.overlay.parent == cache.envs
     assert env.overlay.name.startswith("overlay-") and not (env.overlay / "bin" / "python").exists()
     assert env.python == user_python and env.key.startswith("python-")
-    lacked = json.loads((env.overlay / kvenv.OVERLAY_MARKER).read_text())
+    lacked = json.loads((env.overlay / userenv.OVERLAY_MARKER).read_text())
     assert sorted(lacked["lacked"]) == sorted(["tblib 1.7.0 (needs >=3)", "apache-tvm-ffi (not installed)",
                                                "pytest (not installed)", "kvforge-cpu-platform (not installed)"])
-    installed = {kvenv.canonical(n) for n in lacked["installed"]}
+    installed = {torchsource.canonical(n) for n in lacked["installed"]}
     # what it lacked, and what those need and it lacks too (pytest's and apache-tvm-ffi's dependencies)
     assert {"tblib", "pytest", "apache-tvm-ffi", "kvforge-cpu-platform", "pluggy", "iniconfig",
             "typing-extensions"} <= installed
@@ -200,7 +208,7 @@ def test_user_python_gets_an_overlay_of_only_what_it_lacks_and_is_never_changed(
     assert seen.startswith("3.") and "fake torch" in seen and kvenv.PLUGIN_ENTRY_POINT in seen
     env.check()
     # Unchanged interpreter, same needs: the overlay is reused as it is.
-    again = kvenv.user_env(user_python, small_spec(), cache, "cpu")
+    again = userenv.user_env(user_python, small_spec(), cache, "cpu")
     assert again.reused and again.overlay == env.overlay and again.key == env.key
     assert [p.name for p in cache.envs.iterdir() if p.name.startswith("overlay-") and p.is_dir()] == [env.overlay.name]
     assert freeze(user_python) == before
@@ -211,14 +219,14 @@ def test_user_python_without_torch_is_refused_in_one_line_and_nothing_is_install
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, capture_output=True)
     with pytest.raises(KvforgeError) as exc:
-        kvenv.user_env(bare / "bin" / "python", small_spec(), cache, "cpu")
+        userenv.user_env(bare / "bin" / "python", small_spec(), cache, "cpu")
     msg = str(exc.value)
     assert exc.value.exit_code == EXIT_ENV and "\n" not in msg
     assert "has no torch; it lacks: torch (not installed), tblib (not installed)" in msg
     assert "pytest (not installed)" in msg and "kvforge-cpu-platform (not installed)" in msg
     assert not [p for p in cache.envs.iterdir() if p.name.startswith(("overlay-", ".overlay-")) and p.is_dir()]
     with pytest.raises(KvforgeError, match="no such interpreter"):
-        kvenv.user_env(tmp_path / "nowhere" / "python", small_spec(), cache, "cpu")
+        userenv.user_env(tmp_path / "nowhere" / "python", small_spec(), cache, "cpu")
 
 
 def test_user_python_for_cuda_gets_no_cpu_plugin_and_no_cpu_device(tmp_path):
@@ -227,13 +235,13 @@ def test_user_python_for_cuda_gets_no_cpu_plugin_and_no_cpu_device(tmp_path):
     environ = env.environ()
     assert "VLLM_TARGET_DEVICE" not in environ or environ["VLLM_TARGET_DEVICE"] == os.environ.get("VLLM_TARGET_DEVICE")
     assert environ["PYTHONPATH"].endswith(os.pathsep + str(tmp_path / "overlay-x"))
-    probe = kvenv.Interpreter(Path(sys.executable), {"markers": {}, "dists": [{"name": "torch", "version": "2.9.0",
-                                                                                "requires": [], "location": "/x"}],
-                                                     "entry_points": []})
+    probe = userenv.Interpreter(Path(sys.executable), {"markers": {}, "dists": [{"name": "torch", "version": "2.9.0",
+                                                                                  "requires": [], "location": "/x"}],
+                                                       "entry_points": []})
     spec = kvenv.EnvSpec(python="3", torch="2.13.0", requirements=[], xgrammar=None, source="test")
-    names = [lack.name for lack in kvenv.lacks(probe, spec, "cuda")]
+    names = [lack.name for lack in userenv.lacks(probe, spec, "cuda")]
     assert "kvforge-cpu-platform" not in names and "kvforge-cpu-platform" in [
-        lack.name for lack in kvenv.lacks(probe, spec, "cpu")]
+        lack.name for lack in userenv.lacks(probe, spec, "cpu")]
 
 
 def test_a_non_cpu_platform_needs_the_users_python(tmp_path, monkeypatch):
@@ -386,5 +394,5 @@ def test_verify_v0_20_1_with_the_users_python_builds_no_env_and_leaves_it_unchan
     assert not [p for p in made if (p / "bin" / "python").exists() or (p / kvenv.MARKER).exists()], made
     overlays = [p for p in made if p.name.startswith("overlay-")]
     assert len(overlays) == 1
-    lacked = json.loads((overlays[0] / kvenv.OVERLAY_MARKER).read_text())["lacked"]
+    lacked = json.loads((overlays[0] / userenv.OVERLAY_MARKER).read_text())["lacked"]
     assert sorted(lacked) == ["kvforge-cpu-platform (not installed)", "tblib (not installed)"]
