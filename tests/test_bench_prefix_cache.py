@@ -492,3 +492,9 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
     out: list[str] = []
     pc.print_bench(res, out.append)
     assert ("series: --from HEAD (0123456789ab), 2 commit(s), digest 5e41e5d1" in out) == (origin != "series")
+    # A VLLM_* setting changes vLLM's behaviour: it is recorded, and the evidence gets its own name.
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "0")
+    tuned = pc.bench_prefix_cache(ctx, "dsv4-resend", 0.05, 3)
+    rec = evidence.read(Path(tuned.files[-1]))
+    assert rec.data["vllm_settings"] == {"VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "0"}
+    assert rec.name.startswith("s0.05-seed3-vllm") and rec.path != record.path

@@ -16,6 +16,7 @@ by base, digest, scale and seed.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
 import subprocess
@@ -306,6 +307,7 @@ class BenchResult:
     note: str = ""
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    vllm_settings: dict[str, str] = field(default_factory=dict)  # VLLM_* variables the replays ran with
 
     @property
     def states(self) -> list[str]:
@@ -322,6 +324,7 @@ class BenchResult:
             "series": self.series, "patches": self.patches, "origin": self.origin,
             "scale": self.scale, "seed": self.seed,
             "scenarios": self.scenarios, "env": self.env, "note": self.note, "seconds": round(self.seconds, 1),
+            "vllm_settings": self.vllm_settings,
             "trees": {t.state: {"commit": t.commit, "seconds": round(t.seconds, 1), "result_file": str(t.out),
                                 "vllm": next((r["features"].get("vllm_version") for r in t.doc.get("results", [])),
                                              None)}
@@ -388,7 +391,12 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
         result.note = (f"{comp.series_dir.name}: no patch changes the base; the base tree is the patched tree"
                        if stack.size else f"{comp.series_dir.name}: empty series; the base tree is the patched tree")
         say(result.note)
+    # VLLM_* settings change what vLLM does: they are part of the evidence and of its name.
+    result.vllm_settings = settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
     name = f"s{scale:g}-seed{seed}"
+    if settings:
+        name += "-vllm" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
+        say("with " + " ".join(f"{k}={v}" for k, v in settings.items()))
     outdir = evidence.attachments(cache, stack.key, "bench-prefix-cache", name)
     environ = env.environ()
     with stack.lock(say):
@@ -418,6 +426,8 @@ def print_bench(result: BenchResult, echo: Callable[[str], None]) -> None:
     echo(head)
     if result.origin != "series":
         echo(f"series: {result.origin}, {result.patches} commit(s), digest {result.series}")
+    if result.vllm_settings:
+        echo("vLLM settings: " + " ".join(f"{k}={v}" for k, v in result.vllm_settings.items()))
     if result.note:
         echo(result.note)
     echo("")
