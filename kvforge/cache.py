@@ -10,6 +10,8 @@ Layout:
                              a download, an import, a corrupt repository being removed, the lock
                              around materialising a base (bases; leftovers of dead pids are swept)
   trees/.work/               kvforge's own worktrees (stacks for tests, verify and bench)
+  downloads/.<wheel>.verified  sha256 stamp of a verified release wheel (build)
+  builds/<target>/<component>/<digest>/  build reports and the verification's JUnit (build)
   envs/                      test environments, keyed by a hash of their content
   results/                   evidence: JUnit XML, verify and bench JSON (kvforge.evidence)
 

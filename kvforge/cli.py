@@ -421,6 +421,147 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     print_verify_report(verify_target(ctx), as_json)
 
 
+# ---------------------------------------------------------------- build, matrix (kvforge/build.py, kvforge/matrix.py)
+
+def _shard_value(_ctx, _param, value):
+    if value is None:
+        return (1, 1)
+    try:
+        k, n = (int(x) for x in value.split("/", 1))
+    except ValueError:
+        raise click.BadParameter("expected K/N, e.g. 1/2") from None
+    if not 1 <= k <= n:
+        raise click.BadParameter("expected K/N with 1 <= K <= N")
+    return (k, n)
+
+
+@cli.command("build")
+@target_option
+@component_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"), show_default=True,
+              help="Directory the verified wheel is written to (a wheel that fails verification is not left there).")
+@click.option("--mode", type=click.Choice(["overlay", "source"]), default="overlay", show_default=True,
+              help="overlay: the release wheel with the series' files replaced; source: print vLLM's own build "
+                   "of the patched tree (VLLM_USE_PRECOMPILED=1 with the release wheel), not run here (exit 7).")
+@click.option("--wheel", "wheel_path", type=click.Path(exists=True, path_type=Path), metavar="FILE|DIR",
+              help="Do not build: verify this patched wheel (or the target's wheel in DIR), e.g. on a GPU runner.")
+@click.option("--platform", "platform_name", type=click.Choice(list(PLATFORMS)), default="cpu", show_default=True,
+              help="Where the verification tests run (cuda/npu need --python and the hardware, else exit 7).")
+@click.option("--tests", "tests_mode", type=click.Choice(["checks", "all"]), default="checks", show_default=True,
+              help="Verify with the series' Checks, or with the platform's selection plus the Checks.")
+@click.option("--shard", callback=_shard_value, metavar="K/N", help="Run only the K-th of N parts of the tests.")
+@from_option
+@python_option
+@torch_index_option
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, mode: str, wheel_path: Path | None,
+              platform_name: str, tests_mode: str, shard: tuple[int, int], from_rev: str | None, python: Path | None,
+              torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
+    """Build the target's patched vLLM wheel from the release wheel, and verify it.
+
+    \b
+    The release wheel (pinned in the target file, [components.wheel]) is downloaded once; the
+    files the series changes are replaced with the patched tree's, everything else is copied as
+    stored (compiled .so files, data), RECORD is rewritten. The version stays the release's
+    (vllm-ascend checks it exactly); the series is named by the build tag and
+    <dist-info>/kvforge.json. Same base and series: the same bytes on every machine.
+    Every build is verified before it gets its name in --out: installed with --no-deps, RECORD
+    checked, the patched files compared with the tree, then the series' Checks run with vllm
+    imported from the installed wheel. A series that changes compiled inputs or packaging
+    (csrc/, setup.py, requirements, ...) is refused: --mode source prints vLLM's own build.
+    """
+    from .build import BuildRefused, build_target, render, verdict
+
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
+                   python=python, torch_index=torch_index)
+    wheel = None
+    if wheel_path is not None:
+        wheel = wheel_path
+        if wheel_path.is_dir():
+            from .build import build_tag_for, output_filename
+            from .trees import open_stack
+
+            pin = ctx.component.wheel
+            if pin is None:
+                raise KvforgeError(f"{ctx.target.path}: no [components.wheel] pin", EXIT_USAGE)
+            name = output_filename(pin.filename, build_tag_for(pin.filename, open_stack(ctx).digest))
+            wheel = wheel_path / name
+            if not wheel.is_file():
+                raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",
+                                   EXIT_USAGE)
+    try:
+        result = build_target(ctx, out, mode=mode, tests=tests_mode, platform=platform_name, wheel=wheel,
+                              shard=shard)
+    except BuildRefused as refused:
+        if as_json:
+            emit_json({"target": ctx.target.name, "ok": False, "mode": mode, "command": refused.command,
+                       "error": str(refused), "exit": refused.exit_code})
+        raise KvforgeError(str(refused), refused.exit_code, emitted=as_json) from None
+    code, error = verdict(result)
+    if as_json:
+        emit_json({**result.to_json(), "exit": code, "error": error})
+    else:
+        render(result, click.echo)
+    if error:
+        raise KvforgeError(error, code, emitted=as_json)
+
+
+@cli.command("matrix")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "github", "buildkite", "buildkite-vllm",
+                                                    "commands", "targets"]),
+              default="table", show_default=True,
+              help="github: lines for $GITHUB_OUTPUT; buildkite: a pipeline for `buildkite-agent pipeline upload`; "
+                   "buildkite-vllm: steps in vLLM's .buildkite/test_areas format; commands/targets: one per line.")
+@click.option("--changed-since", metavar="REV",
+              help="Only the targets whose target file or series changed since REV (all when kvforge changed).")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(["build", "cpu", "cuda", "npu"]),
+              help="Only these kinds of job (repeatable) [default: all].")
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", help="Only these targets (repeatable).")
+@click.option("--cuda-shards", type=int, default=1, show_default=True, help="Split each cuda job's tests N ways.")
+@click.option("--runs-on", "runs_on", multiple=True, metavar="PLATFORM=LABEL[,LABEL]",
+              help="GitHub runner labels for a platform instead of kvforge/platforms.py's defaults.")
+@json_option
+@handle_errors
+def matrix_cmd(fmt: str, changed_since: str | None, kinds: tuple[str, ...], target_names: tuple[str, ...],
+               cuda_shards: int, runs_on: tuple[str, ...], as_json: bool) -> None:
+    """The CI jobs of every target: build, cpu, cuda and npu, each a kvforge command.
+
+    Generated only: nothing is run, and cuda/npu jobs (runs_here: false) are never reported as
+    passed. With --json (or --format json) errors are a JSON object too.
+    """
+    from .matrix import (KINDS, buildkite_pipeline, build_matrix, github_outputs, parse_runs_on, render_table,
+                         to_yaml, vllm_steps)
+    from .targets import load_all, load_target, project_root
+
+    as_json = as_json or fmt == "json"
+    try:
+        root = project_root()
+        targets = [load_target(n, root) for n in target_names] if target_names else load_all(root)
+        m = build_matrix(targets, root, changed_since, tuple(kinds) or KINDS, cuda_shards, parse_runs_on(runs_on))
+        if as_json:
+            emit_json(m.to_json())
+        elif fmt == "github":
+            click.echo(github_outputs(m), nl=False)
+        elif fmt == "buildkite":
+            click.echo(to_yaml(buildkite_pipeline(m)), nl=False)
+        elif fmt == "buildkite-vllm":
+            click.echo(to_yaml(vllm_steps(m)), nl=False)
+        elif fmt == "commands":
+            for j in m.jobs:
+                click.echo(j.command)
+        elif fmt == "targets":
+            for name in dict.fromkeys(j.target for j in m.jobs):
+                click.echo(name)
+        else:
+            click.echo(render_table(m))
+    except KvforgeError as exc:
+        fail(str(exc).splitlines()[0] if as_json else str(exc), exc.exit_code, as_json)
+
+
 @cli.group("bench")
 def bench_group() -> None:
     """Measure a target's base and patched trees by replaying workloads through vLLM's own code."""
@@ -474,6 +615,117 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
         print_bench(result, click.echo)
     if result.errors:
         sys.exit(EXIT_TESTS)
+
+
+# ---------------------------------------------------------------- pr, notes (kvforge/pr.py)
+
+TEXT_EXIT_HELP = """\b
+Exit codes:
+   0  written (evidence that does not exist is stated in the text and warned about)
+   2  bad input: an unknown fix, a fix the target has in its base, a commit without
+      Signed-off-by, a template error (file:line)
+   3  a patch does not apply, so the series cannot be stacked
+   4  stale evidence refused: the newest verify/bench record is of another series
+      or base (--allow-stale uses it and says so in the text)
+   5  environment: --open without gh installed, gh pr create failed, --out not writable"""
+
+text_template_option = click.option(
+    "--template", "template_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+    help="Render the body with your own jinja2 template (sandboxed, StrictUndefined; `{% set title = ... %}` "
+         "in it sets the title). See docs/pr.md for the data it gets.")
+text_out_option = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+                               help="Write the text to FILE instead of stdout.")
+text_allow_stale_option = click.option(
+    "--allow-stale", is_flag=True,
+    help="Use evidence recorded for another series or base, and say so in the text [default: refuse, exit 4].")
+
+
+def _emit_text(result, out: Path | None, as_json: bool, gh: str | None = None) -> None:
+    """Print or write a pr.Text (warnings on stderr); hand it to gh when asked."""
+    from .errors import EXIT_ENV
+    from .fsutil import atomic_write_text
+    from .pr import open_pr
+
+    for w in result.warnings:
+        click.echo(f"kvforge: warning: {w}", err=True)
+    if out is not None:
+        try:
+            atomic_write_text(out, result.text)
+        except OSError as exc:
+            raise KvforgeError(f"--out {out}: cannot write: {exc.strerror or exc}", EXIT_ENV) from None
+    url = open_pr(result, gh) if gh else None
+    if as_json:
+        emit_json({**result.to_json(), "text": result.text, "out": str(out) if out else None, "opened": url})
+        return
+    if out is None:
+        click.echo(result.text, nl=False)
+    else:
+        click.echo(f"kvforge: wrote {out}", err=True)
+    if url:
+        click.echo(url)
+
+
+@cli.command("pr", epilog=TEXT_EXIT_HELP)
+@target_option
+@component_option
+@click.option("--fix", "fix_id", required=True, metavar="FIX-ID", help="The Fix-Id of the patch to describe.")
+@click.option("--style", type=click.Choice(["vllm", "vllm-ascend"]), default="vllm", show_default=True,
+              help="vllm: [Tag] title, the base's own PR template; vllm-ascend: [Branch][Module][Action] title, "
+                   "its three-section template.")
+@text_template_option
+@text_out_option
+@text_allow_stale_option
+@click.option("--open", "open_in_gh", is_flag=True,
+              help="Hand title and body to `gh pr create --draft` (the GitHub CLI; exit 5 when it is not installed).")
+@from_option
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, style: str,
+           template_path: Path | None, out: Path | None, allow_stale: bool, open_in_gh: bool, from_rev: str | None,
+           source: str, repo_url: str | None, as_json: bool) -> None:
+    """Describe one fix as an upstream pull request: a title, a blank line, the body.
+
+    Filled from the patch header (Why, upstream links, Bug, Depends-On), its diffstat, the newest
+    `kvforge verify` record of exactly this series (each Checks test failing before the patch and
+    passing after it, the regression suite, the platform) and, where the fix has a scenario, the
+    newest `kvforge bench prefix-cache` record. Evidence that does not exist is stated, never
+    invented; evidence of another series is refused. Every commit the PR carries (the fix and its
+    Depends-On) must have Signed-off-by. With --from, the commits of your tree are the series.
+    """
+    from .pr import find_gh, pull_request
+
+    gh = find_gh() if open_in_gh else None
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
+    _emit_text(pull_request(ctx, fix_id, style, template_path, allow_stale), out, as_json, gh)
+
+
+@cli.command("notes", epilog=TEXT_EXIT_HELP)
+@target_option
+@component_option
+@text_template_option
+@text_out_option
+@text_allow_stale_option
+@from_option
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def notes_cmd(cache: Cache, target_name: str, component: str | None, template_path: Path | None, out: Path | None,
+              allow_stale: bool, from_rev: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
+    """Release notes for a patched build: base and series identity, one entry per fix.
+
+    Each fix with its upstream status, its verify evidence (and bench figures where it has a
+    scenario) and when to drop it; the fixes the base already has; shortlog, diffstat and
+    base-commit as in a b4 cover letter. Evidence rules as for `kvforge pr`.
+    """
+    from .pr import release_notes
+
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
+    _emit_text(release_notes(ctx, template_path, allow_stale), out, as_json)
 
 
 def crash_report(exc: BaseException) -> Path | None:

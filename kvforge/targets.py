@@ -47,6 +47,7 @@ class Component:
     platforms: tuple[str, ...]
     tests: dict[str, tuple[str, ...]]
     in_base: tuple[InBase, ...] = ()
+    wheel: "WheelPin | None" = None  # [components.wheel]: the release wheel `kvforge build` overlays
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,10 @@ REF_CHARS_RE = re.compile(r"^[A-Za-z0-9._/+-]+$")
 
 KEYS = {
     "target": ("name", "description", "components"),
-    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base"),
+    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base", "wheel"),
     "release": ("package", "version", "sha256"),
     "in_base": ("fix_id", "reason"),
+    "wheel": ("filename", "sha256"),
 }
 
 
@@ -278,7 +280,8 @@ def parse_target(path: Path, root: Path) -> Target:
                                   reason=string(e, "reason", ewhere)))
         components.append(
             Component(name=cname, repo=repo, ref=ref, release=release, series_dir=series_dir, platforms=platforms,
-                      tests={p: tuple(sel) for p, sel in tests.items()}, in_base=tuple(in_base))
+                      tests={p: tuple(sel) for p, sel in tests.items()}, in_base=tuple(in_base),
+                      wheel=parse_wheel_pin(c.get("wheel"), f"{where}.wheel", release, fail))
         )
     return Target(name=name, description=description, path=path, components=tuple(components))
 
@@ -286,3 +289,41 @@ def parse_target(path: Path, root: Path) -> Target:
 def _toml_type(value) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a float", list: "an array", dict: "a table"}
     return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)
+
+
+# ---------------------------------------------------------------- [components.wheel] (kvforge build)
+
+@dataclass(frozen=True)
+class WheelPin:
+    """The release wheel `kvforge build` overlays: its PyPI file name, pinned by sha256."""
+
+    filename: str
+    sha256: str
+
+
+def parse_wheel_pin(value, where: str, release: Release, fail) -> WheelPin | None:
+    """[components.wheel] = {filename, sha256}: a wheel of exactly the release's package and version."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise fail(f"{where} must be a table")
+    for key in value:
+        if key not in KEYS["wheel"]:
+            raise fail(f"{where} has an unknown key {key!r} (known: {', '.join(KEYS['wheel'])})")
+    filename, sha = value.get("filename"), value.get("sha256")
+    if not isinstance(filename, str) or not isinstance(sha, str):
+        raise fail(f"{where} needs 'filename' and 'sha256' strings")
+    if not SHA256_RE.match(sha):
+        raise fail(f"{where}.sha256 must be a 64-hex-digit string")
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import Version
+
+    try:
+        if "/" in filename or "\\" in filename:
+            raise InvalidWheelFilename("a path, not a file name")
+        name, version, _build, _tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, ValueError) as exc:
+        raise fail(f"{where}.filename {filename!r} is not a wheel file name ({exc})") from None
+    if name != canonicalize_name(release.package) or version != Version(release.version):
+        raise fail(f"{where}.filename {filename!r} is not a wheel of {release.package}=={release.version}")
+    return WheelPin(filename=filename, sha256=sha.lower())

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""kvforge build's overlay vs a plain `cp` of the release wheel vs `wheel unpack` + `wheel pack`.
+
+For a target (default v0.20.2rc) with a [components.wheel] pin: the release wheel (downloaded once
+into the kvforge cache) is
+- copied with `cp` (the floor: every byte read and written once);
+- overlaid the way `kvforge build` does before it verifies: the series' stack (reused from the
+  cache), the changed files from git, the check that the wheel's files equal the base's, the raw
+  copy of every unchanged member, the new RECORD, and the sha256 of the input checked in a thread
+  (`prepare + overlay`); `overlay` alone is the writing of the wheel;
+- unpacked and packed again with the `wheel` tool after replacing the same files (the naive way:
+  every member is decompressed and compressed again).
+Each is run --runs times (median shown). The output wheels of the overlay are compared: equal
+bytes every run. Verification (pip install, RECORD, Checks in the test env) is not part of these
+times; `kvforge build` prints it separately ("verify"), and --with-verify runs one full build.
+
+    python bench/build_vs_cp.py [--target v0.20.2rc] [--runs 3] [--with-verify]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kvforge import build as kbuild  # noqa: E402
+from kvforge.cache import Cache  # noqa: E402
+from kvforge.context import Context  # noqa: E402
+from kvforge.trees import open_stack  # noqa: E402
+from kvforge.wheel import read_members  # noqa: E402
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def overlay_like_build(ctx, out: Path) -> tuple[Path, dict]:
+    """What `kvforge build` does before verification (build_target up to the verified rename)."""
+    comp = ctx.component
+    stack = open_stack(ctx)
+    patched = stack.commits[-1]
+    upstream = kbuild.download_wheel(comp, ctx.cache, ctx.say)
+    hasher = kbuild._Hasher(upstream)
+    hasher.start()
+    changes = kbuild.diff_paths(stack.base.repo, stack.base.commit, patched)
+    members = read_members(upstream)
+    kbuild.classify(changes, {m.name for m in members}, lambda *_: None)
+    res = kbuild.BuildResult(ctx.target.name, comp.name, "overlay", comp.release.version)
+    res.build_tag = kbuild.build_tag_for(comp.wheel.filename, stack.digest)
+    res.filename = kbuild.output_filename(comp.wheel.filename, res.build_tag)
+    built, secs = kbuild._write_overlay(ctx, stack, upstream, out, changes,
+                                        {"base": stack.base.commit, "patched": patched}, res, members)
+    hasher.join()
+    assert hasher.digest == comp.wheel.sha256, "the cached release wheel does not match its pin"
+    hasher.record()
+    return built, {**secs, "replaced": [c.path for c in changes if c.action in ("replace", "add", "remove")]}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="v0.20.2rc")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--with-verify", action="store_true", help="also run one full `kvforge build` (with verification)")
+    args = ap.parse_args()
+    os.environ.setdefault("KVFORGE_ROOT", str(ROOT))
+    ctx = Context.load(Cache(None), args.target, progress=lambda m: print(f"  {m}", file=sys.stderr))
+    upstream = kbuild.download_wheel(ctx.component, ctx.cache, ctx.say)
+    open_stack(ctx)  # build the stack once: the runs below reuse it, as a second `kvforge build` does
+    size = upstream.stat().st_size
+    print(f"{args.target}: {upstream.name} ({size / 1e6:.0f} MB), {args.runs} runs each, median")
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="kvforge-bench-", dir=ctx.cache.root) as tmp:
+        tmp = Path(tmp)
+        rows["cp"] = [timed(lambda: subprocess.run(["cp", str(upstream), str(tmp / "cp.whl")], check=True))
+                      for _ in range(args.runs)]
+        digests, overlay_only, replaced = set(), [], []
+        full = []
+        for i in range(args.runs):
+            out = tmp / f"ov{i}"
+            t = time.perf_counter()
+            built, secs = overlay_like_build(ctx, out)
+            full.append(time.perf_counter() - t)
+            overlay_only.append(secs["overlay"])
+            replaced = secs["replaced"]
+            digests.add(sha256(built))
+            shutil.rmtree(out)
+        rows["kvforge overlay (writing the wheel)"] = overlay_only
+        rows["kvforge build, prepare + overlay"] = full
+        import importlib.util
+
+        have_wheel = importlib.util.find_spec("wheel") is not None
+        if have_wheel:
+            stack = open_stack(ctx)
+            from kvforge.build import _blobs
+
+            blobs = _blobs(stack.base.repo, [f"{stack.commits[-1]}:{p}" for p in replaced])
+
+            def unpack_pack(i: int) -> None:
+                d = tmp / f"wp{i}"
+                subprocess.run([sys.executable, "-m", "wheel", "unpack", "-d", str(d), str(upstream)], check=True,
+                               capture_output=True)
+                (unpacked,) = list(d.iterdir())
+                for spec, data in blobs.items():
+                    (unpacked / spec.split(":", 1)[1]).write_bytes(data)
+                (d / "out").mkdir()  # wheel pack names its output from WHEEL's Tag: ...-linux_x86_64.whl
+                subprocess.run([sys.executable, "-m", "wheel", "pack", "-d", str(d / "out"), str(unpacked)],
+                               check=True, capture_output=True, env={**os.environ, "SOURCE_DATE_EPOCH": "946684800"})
+                shutil.rmtree(d)
+
+            rows["wheel unpack + wheel pack"] = [timed(lambda i=i: unpack_pack(i)) for i in range(args.runs)]
+    cp = statistics.median(rows["cp"])
+    print(f"{'method':<38} {'median s':>9} {'x cp':>6}   runs")
+    for name, times in rows.items():
+        med = statistics.median(times)
+        print(f"{name:<38} {med:>9.2f} {med / cp:>6.2f}   " + " ".join(f"{t:.2f}" for t in times))
+    if "wheel unpack + wheel pack" not in rows:
+        print("wheel unpack + wheel pack: not measured (pip install wheel)")
+    print(f"overlay output identical in every run: {len(digests) == 1} ({digests.pop()[:16]}...)")
+    print(f"replaced {len(replaced)} files: {', '.join(replaced)}")
+    if args.with_verify:
+        with tempfile.TemporaryDirectory(prefix="kvforge-bench-out-") as out:
+            res = subprocess.run([sys.executable, "-m", "kvforge.cli", "build", "--target", args.target, "--out", out,
+                                  "--json"], capture_output=True, text=True, cwd=ROOT)
+            doc = json.loads(res.stdout)
+            print(f"full kvforge build (exit {res.returncode}): " +
+                  ", ".join(f"{k} {v}s" for k, v in doc.get("seconds", {}).items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

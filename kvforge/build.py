@@ -1,0 +1,892 @@
+"""`kvforge build`: the target's release wheel with the series overlaid, verified on every build.
+
+Overlay (the default mode). The series is applied in the cache (trees.open_stack: the patch files,
+or the commits of --from); `git diff` between the base and the patched tree says which files it
+changes. vLLM's wheel for the release (pinned by file name and sha256 in the target file,
+[components.wheel]) is downloaded into <cache>/downloads once, and the new wheel is written
+member by member (kvforge.wheel): every member the series does not touch (compiled .so files,
+third_party, data, dist-info) is copied as stored, without recompressing; the files the series
+changes are replaced by the patched tree's, new vllm/**/*.py files are added and deleted ones
+dropped; RECORD is rewritten (sha256 and size of every file). Before anything is replaced, each
+of those files in the wheel must equal the base tree's, so an overlay never mixes a wheel with a
+base it was not built from.
+
+Identity. The version stays the release's exactly: vllm-ascend gates code paths on
+`vllm_version_is("0.20.2")`, i.e. `Version(vllm.__version__) == Version("0.20.2")`, and a local
+suffix (`0.20.2+kvforge...`) would fail that. The series is recorded instead as
+- a wheel build tag, `<upstream build + 1>_kvforge_<series digest>` (in the file name and as
+  `Build:` in WHEEL): pip prefers it to the upstream wheel of the same version and tags;
+- `<dist-info>/kvforge.json`: target, component, base (ref, commit), series (digest, origin,
+  patches with Fix-Id, Kind and sha256), the upstream wheel and the files replaced, added and
+  removed. pip installs it with the dist-info, so `importlib.metadata.distribution("vllm")
+  .read_text("kvforge.json")` reads it.
+The platform tags of the file name are upstream's (vLLM's WHEEL says `linux_x86_64`, its file name
+`manylinux_2_35_x86_64`; pip goes by the file name).
+
+Reproducible: same upstream wheel, base and series -> same bytes. Unchanged members are upstream's
+bytes; new members are STORED with the newest upstream member's timestamp; entries are sorted
+(package files by name, then dist-info, RECORD last); nothing depends on the clock, the machine,
+the user or the zlib in use.
+
+Refusals. A series that changes compiled inputs or packaging (csrc/, cmake/, CMakeLists.txt,
+setup.py, build and runtime requirements, pyproject.toml's [build-system]/[project], MANIFEST.in,
+vllm/_version.py) cannot be overlaid honestly: the error names the file and the source build that
+can (`--mode source` prints it: vLLM's own `VLLM_USE_PRECOMPILED=1` build with
+`VLLM_PRECOMPILED_WHEEL_LOCATION=<the release wheel>`, or a full compile for csrc/).
+
+Verification (every build, before the wheel gets its name in --out; a failing wheel is deleted):
+1. `pip install --no-deps --no-compile --target DIR` of the new wheel with the test environment's
+   python;
+2. RECORD: every line of the wheel's RECORD against the installed file (sha256 and size), and no
+   installed file that pip's RECORD does not list;
+3. every file the series changes, as installed, equals the patched tree's (and removed ones are gone);
+4. `import vllm` from DIR in the CPU test environment: where `vllm.__file__` points, the version
+   against the release (the check vllm-ascend makes), the identity file, and whether the compiled
+   `vllm._C` loads (a CUDA wheel's does not on a CPU-only machine: it needs libcuda; vLLM imports
+   it lazily and the scheduler side does not need it);
+5. the series' Checks (plus, with --tests all, the platform's selection) with pytest from a
+   directory holding only the patched tree's tests/ and pyproject.toml, so `import vllm` resolves
+   to DIR; a pytest plugin records the file of every vllm module the tests loaded, and each must
+   lie in DIR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import gitutil
+from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .fsutil import remove_stale
+from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
+                    read_members, record_hash, wheel_sort_key)
+
+RECIPE = 1  # bump when the overlay's output bytes change for the same inputs
+IDENTITY_FILE = "kvforge.json"
+STALE_VERIFY = r"^\.verify-(?P<pid>\d+)$"
+STALE_STAGE = r"^\.kvforge-build-(?P<pid>\d+)$"
+
+# Inputs an overlay cannot carry: the compiled extensions, or the wheel's metadata (requirements
+# become Requires-Dist; setup.py/pyproject decide what is packaged and how).
+COMPILE_PREFIXES = ("csrc/", "cmake/")
+COMPILE_FILES = ("CMakeLists.txt",)
+PACKAGING_PREFIXES = ("requirements/build/",)
+PACKAGING_FILES = ("setup.py", "MANIFEST.in", "use_existing_torch.py", "requirements/build.txt",
+                   "requirements/common.txt", "requirements/cuda.txt", "vllm/_version.py")
+
+
+@dataclass
+class Change:
+    path: str
+    status: str  # A | M | D (git diff --name-status)
+    action: str = ""  # replace | add | remove | not packaged | refused
+    why: str = ""
+
+
+@dataclass
+class Verification:
+    ok: bool = False
+    site: str = ""  # where the wheel was installed (removed afterwards)
+    python: str = ""
+    platform: str = "cpu"
+    record: dict = field(default_factory=dict)
+    modules: dict = field(default_factory=dict)
+    probe: dict = field(default_factory=dict)
+    tests: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class BuildResult:
+    target: str
+    component: str
+    mode: str  # overlay | source
+    version: str
+    base: str = ""
+    base_ref: str = ""
+    series: str = ""
+    origin: str = "series"
+    fix_ids: list[str] = field(default_factory=list)
+    upstream: dict = field(default_factory=dict)  # filename, sha256, path
+    wheel: str | None = None  # the verified wheel in --out (None: not built, or refused)
+    filename: str = ""
+    sha256: str = ""
+    size: int = 0
+    build_tag: str = ""
+    changes: list[Change] = field(default_factory=list)
+    verification: Verification | None = None
+    command: str | None = None  # --mode source: the build to run on a build machine
+    seconds: dict = field(default_factory=dict)
+    ok: bool = False
+    reason: str = ""
+    report: str | None = None
+
+    def to_json(self) -> dict:
+        data = {k: v for k, v in self.__dict__.items() if k not in ("changes", "verification")}
+        data["changes"] = [c.__dict__ for c in self.changes]
+        data["verification"] = self.verification.to_json() if self.verification else None
+        return data
+
+
+class BuildRefused(KvforgeError):
+    """The series changes something an overlay cannot build; `command` is the source build that can."""
+
+    def __init__(self, message: str, command: str):
+        super().__init__(message, EXIT_USAGE)
+        self.command = command
+
+
+# ---------------------------------------------------------------- the upstream wheel
+
+def download_wheel(component, cache, say) -> Path:
+    """The pinned release wheel in <cache>/downloads; only a complete file with the pinned sha256 gets its name."""
+    from .bases import STALE_DOWNLOAD, _receive, pypi_url  # the sdists' download path, for the wheel
+
+    pin = component.wheel
+    downloads = cache.downloads
+    with contextlib.suppress(OSError):
+        remove_stale(downloads, STALE_DOWNLOAD)
+    dest = downloads / pin.filename
+    if dest.is_file():
+        return dest  # its sha256 is checked while the overlay reads it (check_download)
+    import http.client
+    import urllib.parse
+    import urllib.request
+
+    index = f"{pypi_url()}/pypi/{component.release.package}/json"
+    try:
+        with urllib.request.urlopen(index, timeout=60) as resp:
+            meta = json.load(resp)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise KvforgeError(f"cannot read the package index {index}: {reason}", EXIT_NETWORK) from None
+    files = (meta.get("releases") or {}).get(component.release.version) if isinstance(meta, dict) else None
+    entry = next((f for f in files or [] if isinstance(f, dict) and f.get("filename") == pin.filename
+                  and isinstance(f.get("url"), str)), None)
+    if entry is None:
+        raise KvforgeError(f"{index}: no file {pin.filename} in {component.release.package}=="
+                           f"{component.release.version}", EXIT_NETWORK)
+    listed = (entry.get("digests") or {}).get("sha256")
+    if listed and listed != pin.sha256:
+        raise KvforgeError(f"{pin.filename}: the index says sha256 {listed}, the target pins {pin.sha256}",
+                           EXIT_NETWORK)
+    url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
+    tmp = downloads / f".{pin.filename}.{os.getpid()}.part"
+    say(f"downloading {pin.filename} ({size / 1e6:.0f} MB) from {urllib.parse.urlsplit(url).netloc}")
+    try:
+        with open(tmp, "wb") as out:
+            got, digest = _receive(url, out, size, say, downloads)
+            out.flush()
+            os.fsync(out.fileno())
+        if size and got != size:
+            raise KvforgeError(f"{pin.filename}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
+        if digest != pin.sha256:
+            raise KvforgeError(f"{pin.filename}: sha256 {digest} does not match the pinned {pin.sha256}",
+                               EXIT_NETWORK)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        from .cache import write_error
+
+        raise write_error(downloads, exc) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return dest
+
+
+class _Hasher(threading.Thread):
+    """sha256 of the cached release wheel, in a thread (hashlib releases the GIL) while the overlay copies it.
+
+    A file whose sha256 matched is stamped (downloads/.<file>.verified: size, inode, mtime and ctime
+    in ns, and the sha256); while its stat still says the same, the sha256 is taken from the stamp,
+    as git trusts its index for unchanged files. ctime cannot be set back by a user, so any
+    rewrite of the file is hashed again. (Every build's verification then checks each installed
+    file against RECORD as well.)
+    """
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.path, self.digest, self.error, self.stamped = path, "", None, False
+
+    def _stat_key(self) -> list[int]:
+        st = self.path.stat()
+        return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+    @property
+    def stamp(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.verified")
+
+    def run(self) -> None:
+        import hashlib
+
+        try:
+            key = self._stat_key()
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                doc = json.loads(self.stamp.read_text(encoding="utf-8"))
+                if doc["stat"] == key:
+                    self.digest, self.stamped = doc["sha256"], True
+                    return
+            h = hashlib.sha256()
+            with open(self.path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+            self.digest = h.hexdigest()
+            self.key = key
+        except OSError as exc:
+            self.error = exc
+
+    def record(self) -> None:
+        """Stamp the file as verified (call once its sha256 matched the pin)."""
+        if not self.stamped and not self.error:
+            from .fsutil import atomic_write_text
+
+            with contextlib.suppress(OSError):
+                atomic_write_text(self.stamp, json.dumps({"stat": self.key, "sha256": self.digest}) + "\n")
+
+
+# ---------------------------------------------------------------- what the series changes
+
+def _blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
+    """`git cat-file --batch` for rev:path specs -> their bytes (None when missing)."""
+    if not specs:
+        return {}
+    out = gitutil.run(repo.parent, "cat-file", "--batch", stdin="".join(s + "\n" for s in specs), binary=True,
+                      env={"GIT_DIR": str(repo)}).stdout
+    res: dict[str, bytes | None] = {}
+    pos = 0
+    for spec in specs:
+        nl = out.index(b"\n", pos)
+        head = out[pos:nl].split()
+        pos = nl + 1
+        if len(head) == 2 and head[1] == b"missing":
+            res[spec] = None
+            continue
+        size = int(head[2])
+        res[spec] = out[pos:pos + size]
+        pos += size + 1
+    return res
+
+
+def diff_paths(repo: Path, base: str, head: str) -> list[Change]:
+    out = gitutil.run(repo.parent, "diff", "--name-status", "--no-renames", "-z", base, head,
+                      env={"GIT_DIR": str(repo)}).stdout
+    items = out.split("\0")
+    changes = []
+    for status, path in zip(items[0::2], items[1::2]):
+        if path:
+            changes.append(Change(path=path, status=status[:1]))
+    return sorted(changes, key=lambda c: c.path)
+
+
+def _pyproject_build_changed(before: bytes | None, after: bytes | None) -> bool:
+    def tables(raw):
+        try:
+            data = tomllib.loads((raw or b"").decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+        return data.get("build-system"), data.get("project")
+    return tables(before) != tables(after)
+
+
+def classify(changes: list[Change], members: set[str], read) -> None:
+    """Decide what the overlay does with each changed path (read(rev, path) -> bytes | None)."""
+    for c in changes:
+        p = c.path
+        if p.startswith(COMPILE_PREFIXES) or p in COMPILE_FILES:
+            c.action, c.why = "refused", "compile"
+        elif p.startswith(PACKAGING_PREFIXES) or p in PACKAGING_FILES:
+            c.action, c.why = "refused", "packaging"
+        elif p == "pyproject.toml":
+            if _pyproject_build_changed(read("base", p), read("patched", p)):
+                c.action, c.why = "refused", "packaging"
+            else:
+                c.action, c.why = "not packaged", "only tool settings changed"
+        elif p in members:
+            c.action = "remove" if c.status == "D" else "replace"
+        elif p.startswith("vllm/"):
+            if c.status == "A" and p.endswith(".py"):
+                c.action = "add"
+            elif c.status == "D":
+                c.action, c.why = "not packaged", "not in the wheel"
+            else:
+                c.action, c.why = "refused", "packaging"  # setup.py's package_data decides; only a build knows
+        else:
+            c.action, c.why = "not packaged", "outside vllm/"
+
+
+def source_command(ctx, wheel_path: str, out: Path, compile_needed: bool) -> str:
+    """vLLM's own build of the patched tree (what --mode source prints)."""
+    t = ctx.target.name
+    rel = ctx.component.release
+    if ctx.from_rev:
+        from .trees import resolve_from
+
+        repo, commit = resolve_from(ctx.from_rev)
+        get_tree = f"cd {shlex.quote(str(repo))} && git checkout --detach {commit[:12]}"
+    else:
+        tree = f"{ctx.component.name}-{t}"
+        get_tree = f"kvforge apply --target {shlex.quote(t)} --into {tree} && cd {tree}"
+    env = [f"VLLM_VERSION_OVERRIDE={rel.version}"]
+    if not compile_needed:
+        env += ["VLLM_USE_PRECOMPILED=1", f"VLLM_PRECOMPILED_WHEEL_LOCATION={shlex.quote(wheel_path)}"]
+    return (f"{get_tree} && {' '.join(env)} python -m pip wheel --no-deps --wheel-dir "
+            f"{shlex.quote(str(Path(out).absolute()))} .")
+
+
+# ---------------------------------------------------------------- the overlay
+
+def build_tag_for(upstream_filename: str, digest: str) -> str:
+    from packaging.utils import parse_wheel_filename
+
+    _n, _v, build, _t = parse_wheel_filename(upstream_filename)
+    number = build[0] if build else 0
+    return f"{number + 1}_kvforge_{digest}"
+
+
+def output_filename(upstream_filename: str, build_tag: str) -> str:
+    """Upstream's name with the build tag (replacing upstream's): name-version-BUILD-py-abi-platform.whl."""
+    parts = upstream_filename[:-len(".whl")].split("-")
+    name, version, tags = parts[0], parts[1], parts[-3:]
+    return "-".join([name, version, build_tag, *tags]) + ".whl"
+
+
+def _wheel_text(text: str, build_tag: str) -> bytes:
+    lines = [ln for ln in text.splitlines() if not ln.startswith("Build:")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return ("\n".join(lines) + f"\nBuild: {build_tag}\n\n").encode()
+
+
+def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
+            identity: dict, build_tag: str, members=None) -> dict:
+    """Write the new wheel to `out_path`; return {"members", "copied", "written"}."""
+    members = members if members is not None else read_members(upstream)
+    by_name = {m.name: m for m in members}
+    infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
+    if len(infos) != 1:
+        raise WheelError(f"{upstream.name}: expected one .dist-info directory, found {sorted(infos) or 'none'}")
+    info = infos.pop()
+    record_name, wheel_name = f"{info}/RECORD", f"{info}/WHEEL"
+    if record_name not in by_name or wheel_name not in by_name:
+        raise WheelError(f"{upstream.name}: {info} lacks RECORD or WHEEL")
+    record = parse_record(read_member(upstream, by_name[record_name]).decode("utf-8"), upstream.name)
+    listed = set(record) - {record_name}
+    present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
+    if listed != present:
+        extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
+        raise WheelError(f"{upstream.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
+                         f"in the zip, not listed: {missing})")
+    for name in present:
+        if record[name][1] != str(by_name[name].file_size):
+            raise WheelError(f"{upstream.name}: RECORD gives {name} {record[name][1]} bytes, the zip {by_name[name].file_size}")
+    stamp = max(date_time_of(m) for m in members)
+    new: dict[str, bytes] = {**replace, **add}
+    for name in add:
+        if name in by_name:
+            raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
+    new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
+    new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
+    names = (present | set(new)) - remove
+    order = sorted(names, key=lambda n: wheel_sort_key(n, info)) + [record_name]
+    rows = []
+    for name in order[:-1]:
+        if name in new:
+            rows.append((name, record_hash(new[name]), str(len(new[name]))))
+        else:
+            rows.append((name, *record[name]))
+    rows.append((record_name, "", ""))
+    new[record_name] = format_record(rows)
+    copied = written = 0
+    with open(upstream, "rb") as src, open(out_path, "wb") as dst:
+        w = RawZipWriter(dst)
+        for name in order:
+            if name in new:
+                mode = by_name[name].mode & 0o7777 if name in by_name else 0o644
+                w.add(name, new[name], stamp, mode or 0o644)
+                written += 1
+            else:
+                w.copy(src, by_name[name], upstream.name)
+                copied += 1
+        w.close()
+        dst.flush()
+    return {"members": len(order), "copied": copied, "written": written, "dist_info": info}
+
+
+# ---------------------------------------------------------------- the command
+
+def _identity(ctx, stack, upstream_pin, changes: list[Change], build_tag: str) -> dict:
+    pats = stack.series.patches
+    return {
+        "schema": 1,
+        "recipe": RECIPE,
+        "target": ctx.target.name,
+        "component": ctx.component.name,
+        "version": ctx.component.release.version,
+        "build_tag": build_tag,
+        "base": {"ref": stack.base.ref, "commit": stack.base.commit, "source": stack.base.source},
+        "series": {"digest": stack.digest, "origin": "series" if stack.origin == "series" else "commits",
+                   "patches": [{"name": p.name, "fix_id": p.fix_id, "kind": p.kind,
+                                "upstream_status": p.upstream_status, "sha256": p.sha256} for p in pats]},
+        "fix_ids": [p.fix_id for p in pats],
+        "upstream_wheel": {"filename": upstream_pin.filename, "sha256": upstream_pin.sha256},
+        "files": {a: [c.path for c in changes if c.action == a] for a in ("replace", "add", "remove")},
+    }
+
+
+def builds_dir(ctx, digest: str) -> Path:
+    """<cache>/builds/<target>/<component>/<digest>: build reports, verification JUnit and logs."""
+    path = ctx.cache.root / "builds" / ctx.target.name / ctx.component.name / digest
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", platform: str = "cpu",
+                 wheel: Path | None = None, shard: tuple[int, int] = (1, 1)) -> BuildResult:
+    """Build (or, with `wheel`, only verify) the target's patched wheel; see the module docstring."""
+    from .trees import open_stack
+
+    comp, say = ctx.component, ctx.progress
+    t0 = time.monotonic()
+    result = BuildResult(ctx.target.name, comp.name, mode, comp.release.version)
+    if comp.wheel is None:
+        raise KvforgeError(f"{ctx.target.path}: component {comp.name} pins no release wheel: add a "
+                           "[components.wheel] table (filename, sha256) to build one", EXIT_USAGE)
+    if platform != "cpu" and ctx.python is None:
+        raise KvforgeError(f"--platform {platform}: pass --python PATH, the interpreter set up on a {platform} runner",
+                           EXIT_USAGE)
+    if platform != "cpu":
+        from .platforms import require_available
+
+        require_available(platform, ctx.python)  # exit 7 (not run) where the hardware is missing
+    result.upstream = {"filename": comp.wheel.filename, "sha256": comp.wheel.sha256}
+    stack = open_stack(ctx)
+    patched = stack.commits[-1]
+    result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
+    result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
+    result.build_tag = build_tag_for(comp.wheel.filename, stack.digest)
+    result.filename = output_filename(comp.wheel.filename, result.build_tag)
+    out = Path(out)
+    repo = stack.base.repo
+    changes = diff_paths(repo, stack.base.commit, patched)
+    result.changes = changes
+
+    if mode == "source":
+        compile_needed = any(c.path.startswith(COMPILE_PREFIXES) or c.path in COMPILE_FILES for c in changes)
+        wheel_path = str(ctx.cache.root / "downloads" / comp.wheel.filename)
+        result.command = source_command(ctx, wheel_path, out, compile_needed)
+        result.reason = ("not run: vLLM's source build downloads its build requirements (torch " 
+                         "for CUDA) and, for csrc/ changes, compiles for hours with nvcc; run the command "
+                         "on a build machine" if compile_needed else
+                         "not run: vLLM's precompiled source build installs its build requirements (torch "
+                         "for CUDA, GBs); run the command on a build machine")
+        return result
+
+    rev = {"base": stack.base.commit, "patched": patched}
+    upstream = wheel or download_wheel(comp, ctx.cache, say)
+    hasher = _Hasher(upstream) if wheel is None else None
+    if hasher:
+        hasher.start()
+    try:
+        members = read_members(upstream)
+        pyproject = _blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
+            if any(c.path == "pyproject.toml" for c in changes) else {}
+        classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"))
+        refused = [c for c in changes if c.action == "refused"]
+        if refused:
+            compile_needed = any(c.why == "compile" for c in refused)
+            cmd = source_command(ctx, str(upstream), out, compile_needed)
+            first = refused[0]
+            what = ("a compiled input (the .so files would not match it)" if first.why == "compile" else
+                    "packaging input (the wheel's metadata or file list would not match it)")
+            more = f" (and {len(refused) - 1} more: {', '.join(c.path for c in refused[1:4])})" if len(refused) > 1 else ""
+            raise BuildRefused(f"{ctx.label}: the series changes {first.path}, {what}{more}; an overlay cannot build "
+                               f"that honestly. Build from source with vLLM's own build: `kvforge build --target "
+                               f"{ctx.target.name} --mode source` prints it: {cmd}", cmd)
+        result.upstream["path"] = str(upstream)
+        if wheel is not None:
+            built = Path(wheel)
+            result.seconds["prepare"] = round(time.monotonic() - t0, 3)
+        else:
+            built, info = _write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
+            result.seconds.update(info)
+    finally:
+        if hasher:
+            hasher.join()
+    if hasher and (hasher.error or hasher.digest != comp.wheel.sha256):
+        shutil.rmtree(built.parent, ignore_errors=True)
+        why = hasher.error or f"sha256 {hasher.digest}"
+        with contextlib.suppress(OSError):
+            upstream.unlink()  # a corrupt download: the next build fetches it again
+        with contextlib.suppress(OSError):
+            hasher.stamp.unlink()
+        raise KvforgeError(f"{upstream}: {why} does not match the pinned {comp.wheel.sha256}; removed it, run the "
+                           "build again to download it", EXIT_NETWORK)
+    if hasher:
+        hasher.record()
+    try:
+        v0 = time.monotonic()
+        result.sha256, result.size = _sha256(built), built.stat().st_size
+        result.seconds["hash"] = round(time.monotonic() - v0, 3)
+        result.verification = verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard)
+        result.seconds["verify"] = round(time.monotonic() - v0, 3)
+        result.ok = result.verification.ok
+        if not result.ok:
+            result.reason = "verification failed: " + "; ".join(result.verification.problems[:3])
+    except BaseException:
+        if wheel is None:
+            shutil.rmtree(built.parent, ignore_errors=True)
+        raise
+    if wheel is None:
+        if result.ok:
+            final = out / result.filename
+            with open(built, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(built, final)  # the verified wheel gets its name in --out in one step
+            result.wheel = str(final)
+        shutil.rmtree(built.parent, ignore_errors=True)
+    else:
+        result.wheel = str(wheel) if result.ok else None
+    result.seconds["total"] = round(time.monotonic() - t0, 3)
+    report = builds_dir(ctx, stack.digest) / f"build-{platform}.json"
+    report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    result.report = str(report)
+    return result
+
+
+def _write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
+                   members=None) -> tuple[Path, dict]:
+    t = time.monotonic()
+    touched = [c for c in changes if c.action in ("replace", "remove", "add")]
+    specs = [f"{rev['base']}:{c.path}" for c in touched if c.action != "add"] + \
+            [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"]
+    blobs = _blobs(stack.base.repo, specs)
+    members = members if members is not None else read_members(upstream)
+    by_name = {m.name: m for m in members}
+    for c in touched:
+        if c.action == "add":
+            continue
+        if read_member(upstream, by_name[c.path]) != blobs[f"{rev['base']}:{c.path}"]:
+            raise KvforgeError(f"{upstream.name}: its {c.path} differs from the base's ({stack.base.ref}, "
+                               f"{stack.base.commit[:12]}): this wheel was not built from this base; pin the "
+                               "wheel of the same release", EXIT_USAGE)
+    replace = {c.path: blobs[f"{rev['patched']}:{c.path}"] for c in touched if c.action == "replace"}
+    add = {c.path: blobs[f"{rev['patched']}:{c.path}"] for c in touched if c.action == "add"}
+    remove = {c.path for c in touched if c.action == "remove"}
+    identity = _identity(ctx, stack, ctx.component.wheel, changes, result.build_tag)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvforgeError(f"--out {out}: cannot create it ({exc.strerror or exc})", EXIT_ENV) from None
+    with contextlib.suppress(OSError):
+        remove_stale(out, STALE_STAGE)
+    stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    part = stage / result.filename
+    prepare = time.monotonic() - t
+    w0 = time.monotonic()
+    try:
+        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    ctx.say(f"wrote {result.filename}: {stats['copied']} members copied as stored, {stats['written']} written "
+            f"({len(replace)} replaced, {len(add)} added, {len(remove)} removed) in {time.monotonic() - w0:.2f}s")
+    return part, {"prepare": round(prepare, 3), "overlay": round(time.monotonic() - w0, 3)}
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- verification
+
+PROBE = r"""
+import importlib.metadata as md, json, os, sys
+from packaging.version import Version
+out = {"sys_path0": sys.path[:3]}
+import vllm
+out["vllm_file"] = vllm.__file__
+out["version"] = vllm.__version__
+out["metadata_version"] = md.version("vllm")
+out["version_is_release"] = Version(vllm.__version__) == Version(os.environ["KVFORGE_RELEASE"])
+dist = md.distribution("vllm")
+out["identity"] = json.loads(dist.read_text("kvforge.json") or "null")
+out["wheel_build"] = [ln.split(":", 1)[1].strip() for ln in (dist.read_text("WHEEL") or "").splitlines()
+                      if ln.startswith("Build:")]
+try:
+    import vllm._C  # noqa: F401
+    out["compiled"] = "vllm._C loaded"
+except Exception as exc:
+    out["compiled"] = f"vllm._C does not load: {type(exc).__name__}: {str(exc)[:200]}"
+try:
+    from vllm.platforms import current_platform
+    out["platform"] = type(current_platform).__name__
+except Exception as exc:
+    out["platform"] = f"{type(exc).__name__}: {exc}"
+import torch
+out["torch"] = torch.__version__
+print("KVFORGE-PROBE " + json.dumps(out))
+"""
+
+ORIGIN_PLUGIN = '''\
+"""kvforge build: after the session, record the file of every vllm module the tests loaded."""
+import json, os, sys
+
+
+def pytest_sessionfinish(session, exitstatus):
+    mods = {n: getattr(m, "__file__", None) for n, m in list(sys.modules.items())
+            if (n == "vllm" or n.startswith("vllm.")) and getattr(m, "__file__", None)}
+    with open(os.environ["KVFORGE_VLLM_ORIGIN"], "w", encoding="utf-8") as fh:
+        json.dump(mods, fh, indent=1, sort_keys=True)
+'''
+
+
+class SiteEnv:
+    """An Env whose runs import vllm from `site` (the installed wheel) and load the origin plugin."""
+
+    def __init__(self, env, site: Path, extra: dict[str, str]):
+        self.env, self.site, self.extra = env, site, extra
+        self.python = env.python
+
+    def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        e = self.env.environ({**self.extra, **(extra or {})})
+        e["PYTHONPATH"] = os.pathsep.join([str(self.site), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        e["PYTEST_ADDOPTS"] = "-p kvforge_vllm_origin"
+        return e
+
+
+def _shard(items: list[str], shard: tuple[int, int]) -> list[str]:
+    k, n = shard
+    return [s for i, s in enumerate(sorted(items)) if i % n == k - 1]
+
+
+def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, tests: str, platform: str,
+                 shard: tuple[int, int] = (1, 1)) -> Verification:
+    from .env import target_env
+    from .testrun import run_pytest, run_properties, unique
+
+    say = ctx.progress
+    v = Verification(platform=platform)
+    env = target_env(ctx, base=stack.base, platform=platform)
+    env.check()
+    v.python = str(env.python)
+    root = ctx.cache.root / "builds"
+    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        remove_stale(root, STALE_VERIFY)
+    work = root / f".verify-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    site, troot = work / "site", work / "root"
+    try:
+        t = time.monotonic()
+        say(f"verifying {wheel.name}: pip install --no-deps --target (with {env.python})")
+        res = subprocess.run([str(env.python), "-m", "pip", "install", "--no-deps", "--no-compile", "--no-index",
+                              "--disable-pip-version-check", "--no-input", "-q", "--target", str(site), str(wheel)],
+                             capture_output=True, text=True, env=env.environ())
+        v.seconds["install"] = round(time.monotonic() - t, 3)
+        if res.returncode != 0:
+            last = (res.stderr.strip().splitlines() or ["pip failed"])[-1]
+            v.problems.append(f"pip could not install the wheel: {last}")
+            return v
+        v.site = str(site)
+        t = time.monotonic()
+        v.record = check_record(wheel, site)
+        v.problems += v.record.pop("problems")
+        v.seconds["record"] = round(time.monotonic() - t, 3)
+        v.modules = check_modules(stack, site, changes, rev)
+        v.problems += v.modules.pop("problems")
+        # Probe and tests run from a directory holding only the patched tree's tests/ and pyproject.toml.
+        troot.mkdir(parents=True)
+        _extract(stack.base.repo, rev["patched"], ["tests", "pyproject.toml"], troot)
+        (troot / "kvforge_vllm_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
+        origin = work / "vllm-origin.json"
+        senv = SiteEnv(env, site, {"KVFORGE_RELEASE": ctx.component.release.version,
+                                   "KVFORGE_VLLM_ORIGIN": str(origin)})
+        t = time.monotonic()
+        v.probe = _probe(senv, troot)
+        v.seconds["import"] = round(time.monotonic() - t, 3)
+        if "error" in v.probe:
+            v.problems.append(f"import vllm from the installed wheel failed: {v.probe['error']}")
+            return v
+        if not Path(v.probe["vllm_file"]).resolve().is_relative_to(site.resolve()):
+            v.problems.append(f"vllm imported from {v.probe['vllm_file']}, not from the installed wheel")
+        if not v.probe["version_is_release"]:
+            v.problems.append(f"vllm.__version__ {v.probe['version']} != the release {ctx.component.release.version}")
+        ident = v.probe.get("identity") or {}
+        if ident.get("series", {}).get("digest") != stack.digest or ident.get("base", {}).get("commit") != stack.base.commit:
+            v.problems.append("the installed kvforge.json does not name this base and series")
+        checks = unique(c for p in stack.series.patches for c in p.checks)
+        selection = list(checks)
+        if tests == "all":
+            selection = unique([*ctx.component.tests.get(platform, ()), *checks])
+        selection = _shard(selection, shard)
+        v.tests = {"selected": selection, "mode": tests, "shard": f"{shard[0]}/{shard[1]}"}
+        if not selection:
+            v.tests["note"] = "nothing to run: the series names no Checks" if tests == "checks" else "nothing selected"
+            if tests == "all":
+                v.problems.append(f"no tests selected for {platform} (shard {shard[0]}/{shard[1]})")
+        else:
+            rdir = builds_dir(ctx, stack.digest)
+            say(f"running {len(selection)} tests with vllm from {site} ({platform})")
+            run = run_pytest(senv, troot, selection, rdir / f"verify-{platform}.xml",
+                             {**run_properties(ctx.target, ctx.component, stack, platform, "wheel", rev["patched"]),
+                              "wheel": wheel.name}, "wheel", rev["patched"])
+            c = run.counts()
+            v.tests.update({**c, "junit": str(run.junit) if run.junit else None, "log": str(run.log) if run.log else None,
+                            "seconds": round(run.seconds, 2), "missing": run.not_in_tree + run.missing,
+                            "problems": run.problems()})
+            if c["failed"] or c["errors"] or not run.cases or run.not_in_tree or run.missing:
+                v.problems.append(f"tests: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, "
+                                  f"{len(run.not_in_tree) + len(run.missing)} missing (log: {run.log})")
+            loaded = json.loads(origin.read_text()) if origin.is_file() else {}
+            elsewhere = sorted(n for n, f in loaded.items() if not Path(f).resolve().is_relative_to(site.resolve()))
+            v.tests["vllm_modules_loaded"] = len(loaded)
+            v.tests["vllm_modules_elsewhere"] = elsewhere[:20]
+            if not loaded:
+                v.problems.append("the tests loaded no vllm module (the origin plugin wrote nothing)")
+            if elsewhere:
+                v.problems.append(f"{len(elsewhere)} vllm modules came from outside the installed wheel: {elsewhere[:3]}")
+            v.seconds["tests"] = round(run.seconds, 2)
+        v.ok = not v.problems
+        return v
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def check_record(wheel: Path, site: Path) -> dict:
+    """The wheel's own RECORD against the installed files; and nothing installed that pip did not record."""
+    members = read_members(wheel)
+    rec_member = next(m for m in members if m.name.endswith(".dist-info/RECORD") and m.name.count("/") == 1)
+    info = rec_member.name.split("/", 1)[0]
+    record = parse_record(read_member(wheel, rec_member).decode("utf-8"), wheel.name)
+    problems, checked = [], 0
+    for path, (digest, size) in record.items():
+        if not digest:
+            continue
+        f = site / path
+        try:
+            data = f.read_bytes()
+        except OSError:
+            problems.append(f"RECORD lists {path}, not installed")
+            continue
+        checked += 1
+        if record_hash(data) != digest or str(len(data)) != size:
+            problems.append(f"{path}: installed file does not match RECORD")
+    installed = parse_record((site / info / "RECORD").read_text(encoding="utf-8"), "installed")
+    on_disk = {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and p.parent.name != "__pycache__"}
+    recorded = {p for p in installed if not p.startswith("../")}
+    stray = sorted(on_disk - recorded - {"bin/" + Path(p).name for p in installed if p.startswith("../")})
+    if stray:
+        problems.append(f"{len(stray)} installed files are in no RECORD: {stray[:3]}")
+    return {"files": len(record), "checked": checked, "stray": stray[:20], "problems": problems}
+
+
+def check_modules(stack, site: Path, changes: list[Change], rev: dict) -> dict:
+    touched = [c for c in changes if c.action in ("replace", "add", "remove")]
+    blobs = _blobs(stack.base.repo, [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"])
+    problems, equal = [], []
+    for c in touched:
+        f = site / c.path
+        if c.action == "remove":
+            (problems.append(f"{c.path}: removed by the series, still installed") if f.exists() else equal.append(c.path))
+            continue
+        if not f.is_file() or f.read_bytes() != blobs[f"{rev['patched']}:{c.path}"]:
+            problems.append(f"{c.path}: installed file differs from the patched tree's")
+        else:
+            equal.append(c.path)
+    return {"equal": equal, "problems": problems}
+
+
+def _extract(repo: Path, commit: str, paths: list[str], dest: Path) -> None:
+    present = [p for p in paths if gitutil.run(repo.parent, "cat-file", "-e", f"{commit}:{p}", check=False,
+                                             env={"GIT_DIR": str(repo)}).returncode == 0]
+    data = gitutil.run(repo.parent, "archive", "--format=tar", commit, "--", *present, binary=True,
+                       env={"GIT_DIR": str(repo)}).stdout
+    import io
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def _probe(senv: SiteEnv, cwd: Path) -> dict:
+    env = senv.environ()
+    env.pop("PYTEST_ADDOPTS", None)
+    try:
+        res = subprocess.run([str(senv.python), "-c", PROBE], capture_output=True, text=True, cwd=cwd, env=env,
+                             timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+    for line in res.stdout.splitlines():
+        if line.startswith("KVFORGE-PROBE "):
+            return json.loads(line.split(" ", 1)[1])
+    last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": last}
+
+
+# ---------------------------------------------------------------- rendering
+
+def verdict(result: BuildResult) -> tuple[int, str | None]:
+    if result.mode == "source":
+        return EXIT_NOT_RUN, result.reason
+    if not result.ok:
+        return EXIT_TESTS, f"{result.target}: {result.reason}"
+    return 0, None
+
+
+def render(result: BuildResult, echo) -> None:
+    if result.mode == "source":
+        echo(f"# {result.target}: vLLM's own build of the patched tree (on a build machine):")
+        echo(result.command)
+        return
+    echo(f"{result.target}/{result.component}: base {result.base_ref} ({result.base[:12]}), series {result.series} "
+         f"({len(result.fix_ids)} patches: {', '.join(result.fix_ids) or 'none'})")
+    echo(f"upstream {result.upstream.get('filename')} (sha256 {result.upstream.get('sha256', '')[:16]}...)")
+    for c in result.changes:
+        echo(f"  {c.action:<13} {c.path}" + (f"  ({c.why})" if c.why else ""))
+    v = result.verification
+    if v is not None:
+        echo(f"verification ({v.platform}, {v.python}):")
+        if v.record:
+            echo(f"  RECORD: {v.record['checked']} files checked against the installed wheel (sha256 and size)")
+        if v.modules:
+            echo(f"  patched files installed = patched tree: {len(v.modules['equal'])} equal")
+        p = v.probe
+        if p and "vllm_file" in p:
+            echo(f"  import vllm -> {p['vllm_file']} (version {p['version']}, metadata {p['metadata_version']}, "
+                 f"== release: {p['version_is_release']}; WHEEL Build: {', '.join(p['wheel_build'])})")
+            echo(f"  {p['compiled']}; platform {p['platform']}; torch {p['torch']}")
+        if v.tests.get("selected"):
+            tt = v.tests
+            echo(f"  tests ({tt['mode']}, shard {tt['shard']}): {tt.get('passed', 0)} passed, {tt.get('failed', 0)} "
+                 f"failed, {tt.get('errors', 0)} errors, {tt.get('skipped', 0)} skipped in {tt.get('seconds', 0)}s; "
+                 f"{tt.get('vllm_modules_loaded', 0)} vllm modules loaded, all from the installed wheel: "
+                 f"{not tt.get('vllm_modules_elsewhere')}")
+            if tt.get("junit"):
+                echo(f"  JUnit XML: {tt['junit']}")
+        for prob in v.problems:
+            echo(f"  PROBLEM {prob}")
+    if result.ok:
+        echo(f"{result.wheel}")
+        echo(f"sha256 {result.sha256}  {result.size} bytes; seconds: "
+             + ", ".join(f"{k} {v}" for k, v in result.seconds.items()))

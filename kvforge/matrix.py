@@ -1,0 +1,384 @@
+"""`kvforge matrix`: the CI jobs of every target, as data, for GitHub Actions, Buildkite or any runner.
+
+Jobs are targets x components x kinds (x shards):
+- build: `kvforge build` (the patched release wheel, verified on CPU); a component with a
+  [components.wheel] pin;
+- cpu:   `kvforge verify` (every patch proven with vLLM's CPU tests; what .ci/run runs); runs anywhere;
+- cuda:  on a GPU runner, the build job's wheel installed (with its dependencies: CUDA torch) into a
+  venv, then `kvforge build --wheel ... --platform cuda --tests all`: the target's cuda selection
+  plus every Checks test with vllm imported from that wheel;
+- npu:   on vllm-ascend's runners, in the CANN container vllm-ascend's CI uses: the patched tree
+  (`kvforge apply`) installed with VLLM_TARGET_DEVICE=empty, vllm-ascend over it, then
+  `kvforge test --platform npu`.
+Each job's command is a kvforge command, so CI and a developer run the same thing; `setup` lines
+prepare a runner (install kvforge, the hardware's interpreter). cuda and npu jobs are generated
+for their runners only: `kvforge matrix` never runs a job, and the output marks them
+`runs_here: false` with the hardware they need: nothing here reports them as passed.
+
+Runner labels and environment recipes come from kvforge.platforms (defaults; `--runs-on
+PLATFORM=LABEL` overrides one). What only CI files need (vLLM's Buildkite device names, the NPU
+container, the vllm-ascend checkout, timeouts) is data in this module.
+
+Formats: json (everything), github (lines for $GITHUB_OUTPUT: one `{"include": [...]}` matrix per
+kind, each at most 256 jobs, GitHub's limit), buildkite (a Buildkite pipeline for `buildkite-agent
+pipeline upload`, valid against Buildkite's schema: steps with label, key, depends_on, commands,
+agents, soft_fail, timeout_in_minutes, artifact_paths and if_changed from the project files each
+target depends on), buildkite-vllm (steps in vLLM's own .buildkite/test_areas format, for a vLLM
+fork that carries the series as commits: device, num_devices and source_file_dependencies from the
+files each series touches), commands / targets (one per line, for shell scripts such as .ci/run).
+
+--changed-since REV: only the targets whose target file or series changed since the merge base of
+REV and HEAD (committed, uncommitted and untracked), or all of them when kvforge itself changed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import gitutil
+from . import platforms as platforms_mod
+from .errors import EXIT_USAGE, KvforgeError
+
+GITHUB_MAX_JOBS = 256  # per matrix (GitHub Actions' limit)
+KINDS = ("build", "cpu", "cuda", "npu")
+CACHE_DIR = ".kvforge-cache"  # $KVFORGE_CACHE in CI, relative to the checkout
+INSTALL_KVFORGE = "python3 -m pip install -e ."
+TIMEOUT_MINUTES = {"build": 60, "cpu": 60, "cuda": 90, "npu": 90}
+# kvforge's own sources: a change there re-runs every target.
+TOOL_PATHS = ("kvforge/", "pyproject.toml")
+# vllm-ascend's CI: the container its release-branch e2e jobs run in and where its source comes from.
+NPU_CONTAINER = "swr.cn-southwest-2.myhuaweicloud.com/base_image/ascend-ci/cann:9.0.0-910b-ubuntu22.04-py3.11"
+VLLM_ASCEND_REPO = "https://github.com/vllm-project/vllm-ascend.git"
+# vLLM's own Buildkite (.buildkite/test_areas): device names and the image each depends on.
+VLLM_DEVICES = {"cpu": ("cpu-small", "image-build-cpu"), "cuda": ("l4", "image-build"),
+                "npu": ("ascend_npu", None)}
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    target: str
+    component: str
+    platform: str
+    name: str
+    command: str
+    setup: list[str] = field(default_factory=list)
+    needs: list[str] = field(default_factory=list)
+    shard: str = "1/1"
+    runs_on: list[str] = field(default_factory=list)  # GitHub Actions labels
+    agents: dict[str, str] = field(default_factory=dict)  # Buildkite agent tags
+    container: str | None = None
+    artifact: str | None = None  # the wheel artifact this job uploads (build) or downloads (cuda)
+    artifact_path: str | None = None
+    junit: list[str] = field(default_factory=list)  # JUnit XML globs to upload as test reports
+    if_changed: list[str] = field(default_factory=list)  # project files the job depends on
+    source_files: list[str] = field(default_factory=list)  # vLLM tree files the series touches
+    selection: list[str] = field(default_factory=list)  # the tests (tree-relative) the job runs
+    timeout_minutes: int = 60
+    runs_here: bool = True  # False: needs hardware kvforge matrix does not assume; never reported as passed
+    hardware: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Matrix:
+    jobs: list[Job]
+    targets: list[dict]
+    changed_since: str | None = None
+
+    def of(self, kind: str) -> list[Job]:
+        return [j for j in self.jobs if j.kind == kind]
+
+    def to_json(self) -> dict:
+        counts = {k: len(self.of(k)) for k in KINDS}
+        return {"jobs": [j.to_json() for j in self.jobs], "targets": self.targets, "changed_since": self.changed_since,
+                "counts": counts,
+                "not_run": "kvforge matrix runs nothing; cuda and npu jobs are generated for runners with that "
+                           "hardware and are never reported as passed here"}
+
+
+def slug(text: str) -> str:
+    """A key Buildkite and GitHub accept: letters, digits, '-' and '_'."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text)
+
+
+def parse_runs_on(specs: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        plat, _, labels = spec.partition("=")
+        if plat not in platforms_mod.PLATFORMS or not labels:
+            raise KvforgeError(f"--runs-on {spec!r}: expected PLATFORM=LABEL[,LABEL] with PLATFORM one of "
+                               f"{', '.join(platforms_mod.PLATFORMS)}", EXIT_USAGE)
+        out[plat] = [x for x in labels.split(",") if x]
+    return out
+
+
+def _agents(plat) -> dict[str, str]:
+    return dict(tag.split("=", 1) for tag in plat.labels("buildkite") if "=" in tag)
+
+
+def _rel(path: Path, root: Path) -> str:
+    return Path(path).resolve().relative_to(root.resolve()).as_posix()
+
+
+def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: tuple[str, ...] = KINDS,
+                 cuda_shards: int = 1, runs_on: dict[str, list[str]] | None = None) -> Matrix:
+    """Every job of `targets` (kvforge.targets.Target), optionally only those changed since a revision."""
+    from .series import read_series
+
+    runs_on = runs_on or {}
+    if cuda_shards < 1:
+        raise KvforgeError("--cuda-shards must be at least 1", EXIT_USAGE)
+    selected = {t.name: "all targets" for t in targets}
+    if changed_since:
+        selected = changed_targets(root, changed_since, targets)
+    jobs: list[Job] = []
+    listing = []
+    for t in targets:
+        for c in t.components:
+            listing.append({"target": t.name, "component": c.name, "selected": t.name in selected,
+                            "reason": selected.get(t.name, "unchanged")})
+            if t.name not in selected:
+                continue
+            series = read_series(c.series_dir)
+            checks = sorted({n for p in series.patches for n in p.checks})
+            touched = sorted({f for p in series.patches for f in p.touched_paths})
+            tflag = f"--target {shlex.quote(t.name)}" + (f" --component {shlex.quote(c.name)}"
+                                                        if len(t.components) > 1 else "")
+            tid = slug(f"{t.name}-{c.name}")
+            project = [_rel(t.path, root), _rel(c.series_dir, root) + "/**", *[p + ("**" if p.endswith("/") else "")
+                                                                           for p in TOOL_PATHS]]
+            dist = f"dist/{t.name}"
+            common = dict(target=t.name, component=c.name, if_changed=project, source_files=touched)
+
+            def labels(p: str) -> list[str]:
+                return list(runs_on.get(p) or platforms_mod.get(p).labels("github"))
+
+            cpu = platforms_mod.get("cpu")
+            if "build" in kinds and c.wheel is not None:
+                jobs.append(Job(
+                    id=f"build-{tid}", kind="build", platform="cpu", name=f"build {t.name}/{c.name}",
+                    command=f"kvforge build {tflag} --out {dist}", setup=[INSTALL_KVFORGE],
+                    runs_on=labels("cpu"), agents=_agents(cpu), artifact=f"wheel-{tid}", artifact_path=f"{dist}/*.whl",
+                    junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cpu.xml"], selection=checks,
+                    timeout_minutes=TIMEOUT_MINUTES["build"], **common))
+            if "cpu" in kinds and "cpu" in c.platforms:
+                jobs.append(Job(
+                    id=f"cpu-{tid}", kind="cpu", platform="cpu", name=f"cpu {t.name}/{c.name}: verify",
+                    command=f"kvforge verify {tflag}", setup=[INSTALL_KVFORGE], runs_on=labels("cpu"),
+                    agents=_agents(cpu), junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"],
+                    selection=sorted({*c.tests.get("cpu", ()), *checks}), timeout_minutes=TIMEOUT_MINUTES["cpu"],
+                    **common))
+            if "cuda" in kinds and "cuda" in c.platforms and c.wheel is not None:
+                plat = platforms_mod.get("cuda")
+                venv = ".venv-cuda"
+                selection = sorted({*c.tests.get("cuda", ()), *checks})
+                for k in range(1, cuda_shards + 1):
+                    shard = f"{k}/{cuda_shards}"
+                    sid = f"cuda-{tid}" + (f"-{k}of{cuda_shards}" if cuda_shards > 1 else "")
+                    jobs.append(Job(
+                        id=sid, kind="cuda", platform="cuda", shard=shard,
+                        name=f"cuda {t.name}/{c.name}: wheel tests" + (f" ({shard})" if cuda_shards > 1 else ""),
+                        command=(f"kvforge build {tflag} --wheel {dist} --platform cuda --python {venv}/bin/python "
+                                 f"--tests all" + (f" --shard {shard}" if cuda_shards > 1 else "")),
+                        setup=[INSTALL_KVFORGE, f"python3 -m venv {venv}",
+                               f"{venv}/bin/python -m pip install {dist}/*.whl pytest tblib"],
+                        needs=[f"build-{tid}"] if "build" in kinds else [], runs_on=labels("cuda"), agents=_agents(plat),
+                        artifact=f"wheel-{tid}", artifact_path=dist,
+                        junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cuda.xml"], selection=selection,
+                        timeout_minutes=TIMEOUT_MINUTES["cuda"], runs_here=False, hardware=plat.hardware, **common))
+            if "npu" in kinds and "npu" in c.platforms:
+                plat = platforms_mod.get("npu")
+                tree = f"vllm-{t.name}"
+                ascend_ref = "main" if t.name == "main" else f"releases/{t.name}"
+                jobs.append(Job(
+                    id=f"npu-{tid}", kind="npu", platform="npu", name=f"npu {t.name}/{c.name}: vllm-ascend",
+                    command=f'kvforge test {tflag} --platform npu --python "$(command -v python3)"',
+                    setup=[INSTALL_KVFORGE, f"kvforge apply {tflag} --into {tree}",
+                           f"VLLM_TARGET_DEVICE=empty python3 -m pip install -e {tree}",
+                           f"git clone --depth 1 -b {ascend_ref} {VLLM_ASCEND_REPO} vllm-ascend",
+                           "python3 -m pip install -r vllm-ascend/requirements-dev.txt",
+                           "python3 -m pip install -e vllm-ascend pytest tblib"],
+                    runs_on=labels("npu"), agents=_agents(plat), container=NPU_CONTAINER,
+                    junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"],
+                    selection=sorted({*c.tests.get("npu", ()), *checks}), timeout_minutes=TIMEOUT_MINUTES["npu"],
+                    runs_here=False, hardware=plat.hardware, **common))
+    return Matrix(jobs=jobs, targets=listing, changed_since=changed_since)
+
+
+def changed_targets(root: Path, rev: str, targets) -> dict[str, str]:
+    """{target: why} for the targets whose file or series changed since merge-base(rev, HEAD)."""
+    if gitutil.run(root, "rev-parse", "--git-dir", check=False).returncode != 0:
+        raise KvforgeError(f"--changed-since {rev}: the project at {root} is not a git repository", EXIT_USAGE)
+    base = gitutil.run(root, "merge-base", rev, "HEAD", check=False)
+    if base.returncode != 0:
+        raise KvforgeError(f"--changed-since {rev}: no such revision, or no common history with HEAD in {root}",
+                           EXIT_USAGE)
+    top = Path(gitutil.run(root, "rev-parse", "--show-toplevel").stdout.strip())
+    diff = gitutil.run(root, "diff", "--name-only", "--no-renames", "-z", base.stdout.strip(), "--", ".").stdout
+    untracked = gitutil.run(root, "ls-files", "--others", "--exclude-standard", "-z", "--full-name", "--", ".").stdout
+    changed = set()
+    for p in (diff + "\0" + untracked).split("\0"):
+        if p:
+            try:
+                changed.add((top / p).resolve().relative_to(root.resolve()).as_posix())
+            except ValueError:
+                continue  # outside the project
+    tool = sorted(p for p in changed if p.startswith(TOOL_PATHS))
+    out: dict[str, str] = {}
+    for t in targets:
+        if tool:
+            out[t.name] = f"kvforge itself changed ({tool[0]})"
+            continue
+        tfile = _rel(t.path, root)
+        if tfile in changed:
+            out[t.name] = f"{tfile} changed"
+            continue
+        for c in t.components:
+            sdir = _rel(c.series_dir, root) + "/"
+            hit = sorted(p for p in changed if p.startswith(sdir))
+            if hit:
+                out[t.name] = f"{hit[0]} changed"
+                break
+    return out
+
+
+# ---------------------------------------------------------------- formats
+
+def github_outputs(m: Matrix) -> str:
+    """Lines for $GITHUB_OUTPUT: <kind>=<{"include": [...]}> and has_<kind>=true|false."""
+    lines = []
+    for kind in KINDS:
+        jobs = m.of(kind)
+        if len(jobs) > GITHUB_MAX_JOBS:
+            raise KvforgeError(f"{len(jobs)} {kind} jobs: a GitHub Actions matrix holds at most {GITHUB_MAX_JOBS}; "
+                               "use --changed-since, fewer --cuda-shards, or split the workflow", EXIT_USAGE)
+        include = [{"id": j.id, "name": j.name, "target": j.target, "component": j.component, "command": j.command,
+                    "setup": "\n".join(j.setup), "runs_on": j.runs_on, "artifact": j.artifact or "",
+                    "artifact_path": j.artifact_path or "", "junit": "\n".join(j.junit), "shard": j.shard,
+                    "container": j.container or "", "timeout": j.timeout_minutes} for j in jobs]
+        lines.append(f"{kind}={json.dumps({'include': include}, separators=(',', ':'), sort_keys=True)}")
+        lines.append(f"has_{kind}={'true' if jobs else 'false'}")
+    return "\n".join(lines) + "\n"
+
+
+def buildkite_pipeline(m: Matrix) -> dict:
+    """A Buildkite pipeline (upload it with `buildkite-agent pipeline upload --apply-if-changed`)."""
+    steps = []
+    for j in m.jobs:
+        commands = list(j.setup)
+        if j.kind == "cuda":
+            commands.insert(0, f"buildkite-agent artifact download '{j.artifact_path}/*.whl' .")
+        commands.append(j.command)
+        step = {"label": f"{_emoji(j.kind)} {j.name}", "key": j.id, "commands": commands, "agents": j.agents,
+                "env": {"KVFORGE_CACHE": CACHE_DIR}, "timeout_in_minutes": j.timeout_minutes, "soft_fail": False,
+                "if_changed": j.if_changed, "artifact_paths": [*([j.artifact_path] if j.kind == "build" else []),
+                                                               *j.junit]}
+        if j.needs:
+            step["depends_on"] = list(j.needs)
+        if j.container:
+            step["plugins"] = [{"docker#v5.12.0": {"image": j.container, "propagate-environment": True}}]
+        steps.append(step)
+    return {"steps": steps}
+
+
+def _emoji(kind: str) -> str:
+    return {"build": ":package:", "cpu": ":computer:", "cuda": ":nvidia:", "npu": ":zap:"}[kind]
+
+
+def vllm_steps(m: Matrix) -> dict:
+    """One .buildkite/test_areas file in vLLM's format, for a vLLM fork that carries one target's series."""
+    names = list(dict.fromkeys(j.target for j in m.jobs))
+    if len(names) != 1:
+        raise KvforgeError("--format buildkite-vllm describes the fork of one target's series: pass --target NAME "
+                           f"(selected: {', '.join(names) or 'none'})", EXIT_USAGE)
+    steps = []
+    for j in m.jobs:
+        if j.kind not in ("cpu", "cuda", "npu") or not j.selection or not j.shard.startswith("1/"):
+            continue  # one step per platform: vLLM's own generator shards
+        device, image = VLLM_DEVICES[j.platform]
+        paths = [s.removeprefix("tests/") for s in minimal(j.selection)]  # vLLM's steps run in tests/
+        step = {"label": f"kvforge {j.target} ({j.platform}): series Checks and selection",
+                "key": slug(f"kvforge-{j.target}-{j.component}-{j.platform}"),
+                "timeout_in_minutes": j.timeout_minutes, "device": device,
+                "source_file_dependencies": j.source_files or [f"{_rel_series(j)}"],
+                "commands": ["pytest -v -s " + " ".join(shlex.quote(p) for p in paths)],
+                "soft_fail": j.platform == "npu"}
+        if image:
+            step["depends_on"] = [image]
+        if j.platform != "cpu":
+            step["num_devices"] = 1
+        steps.append(step)
+    return {"group": f"kvforge {names[0]}", "depends_on": ["image-build"], "steps": steps}
+
+
+def minimal(selection: list[str]) -> list[str]:
+    """The selectors without those another one already covers (a node in a listed file or directory)."""
+    paths = [s.rstrip("/") for s in selection if "::" not in s]
+    def covered(s: str) -> bool:
+        p = s.split("::", 1)[0].rstrip("/")
+        return any(q != s.rstrip("/") and (p == q or p.startswith(q + "/")) for q in paths)
+    return [s for s in selection if not covered(s)]
+
+
+def _rel_series(j: Job) -> str:
+    return "vllm/v1/core/"  # a series that touches nothing yet: the area kvforge carries fixes for
+
+
+def to_yaml(value, indent: int = 0) -> str:
+    """Block YAML for dicts, lists and scalars (strings double-quoted as JSON, which YAML reads as is)."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        if not value:
+            return pad + "{}\n"
+        out = []
+        for k, v in value.items():
+            key = json.dumps(k) if not re.match(r"^[A-Za-z_][A-Za-z0-9_#.-]*$", k) else k
+            if isinstance(v, (dict, list)) and v:
+                out.append(f"{pad}{key}:\n{to_yaml(v, indent + 2)}")
+            else:
+                out.append(f"{pad}{key}: {_scalar(v)}\n")
+        return "".join(out)
+    if isinstance(value, list):
+        if not value:
+            return pad + "[]\n"
+        out = []
+        for v in value:
+            if isinstance(v, (dict, list)) and v:
+                body = to_yaml(v, indent + 2)
+                out.append(f"{pad}- {body[indent + 2:]}")
+            else:
+                out.append(f"{pad}- {_scalar(v)}\n")
+        return "".join(out)
+    return pad + _scalar(value) + "\n"
+
+
+def _scalar(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, (dict, list)):
+        return "{}" if isinstance(v, dict) else "[]"
+    return json.dumps(str(v), ensure_ascii=False)
+
+
+def render_table(m: Matrix) -> str:
+    from .report import table
+
+    rows = [[j.id, j.kind, j.shard, ",".join(j.runs_on), "yes" if j.runs_here else f"no ({j.platform} runner)",
+             j.command] for j in m.jobs]
+    skipped = [f"{t['target']}/{t['component']}" for t in m.targets if not t["selected"]]
+    tail = f"\nnot selected (unchanged since {m.changed_since}): {', '.join(skipped)}" if skipped else ""
+    return (table(["job", "kind", "shard", "runs-on", "runs anywhere", "command"], rows) +
+            f"\n{len(m.jobs)} jobs; cuda and npu jobs are generated for their runners, never run or reported as "
+            f"passed by kvforge matrix" + tail)

@@ -1,0 +1,818 @@
+"""Pull-request descriptions and release notes, generated from a series and its evidence.
+
+`pull_request(ctx, fix_id, style)` describes one fix of ctx's series (the series files, or the
+commits of --from) for upstream review: a title that follows the upstream's title convention and a
+body in the upstream's PR template, filled from the patch header (Why, upstream links, Bug,
+Depends-On chain), its diffstat, the newest `kvforge verify` record of exactly this series (each
+Checks test failing before the patch and passing after it, the regression suite, the platform) and
+the newest `kvforge bench prefix-cache` record where the fix has a scenario. `release_notes(ctx)`
+describes a whole patched build: base and series identity, one entry per fix with its upstream
+status, evidence and Drop-When, and what the base already contains.
+
+Both return a `Text` (title, body, style, the evidence used, warnings); the CLI prints or writes it
+and sets the exit code. Rules:
+- Evidence is typed (kvforge.evidence records), looked up by the stack's key (target, component,
+  base commit, series digest). A record of another series or base is *stale*: refused with
+  EXIT_TESTS, or used with `allow_stale` and then said so in the text. No record at all is stated in
+  the text ("no evidence"), never invented.
+- Every commit a PR carries (the fix and its Depends-On chain) must have a Signed-off-by trailer
+  (the DCO both upstreams require); otherwise a one-line error.
+- Templates are jinja2 files in kvforge/data/templates, or the user's own (--template), rendered in
+  jinja2's SandboxedEnvironment with StrictUndefined: an undefined name, a syntax error or an unsafe
+  attribute is a one-line error naming the template file and line. A user template sees plain data
+  (dicts, lists, strings, numbers), the few filters below, and no file but itself and kvforge's
+  own templates.
+- vLLM's body follows the PR template of the base itself (.github/PULL_REQUEST_TEMPLATE.md of the
+  base commit: `## Purpose` / `## Test Plan` / `## Test Result` on v0.20.x, `## Overview` /
+  `## Claims` / `## Validation` / `## Details` on 0.33.0), its checklist kept verbatim. A base
+  without that file falls back to kvforge's copy for its version (a warning says so). vllm-ascend's
+  template is kvforge's copy (there is no vllm-ascend base yet); see data/templates/upstream/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import evidence, gitutil
+from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
+
+STYLES = ("vllm", "vllm-ascend")
+TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"
+UPSTREAM_TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
+
+# vLLM's PR title check (.github/workflows/pr-title.yml in vLLM 0.33.0; bash ERE there).
+VLLM_TITLE_RE = re.compile(r"^(\[[^][]+\])+ +\S")
+TAGS_RE = re.compile(r"^((?:\[[^][]+\])+)\s*")
+
+# Section headings of each known layout, in order, as the upstream templates spell them.
+LAYOUTS = {
+    "purpose": ("Purpose", "Test Plan", "Test Result"),  # vLLM v0.20.x
+    "overview": ("Overview", "Claims", "Validation", "Details"),  # vLLM 0.33.0 (main)
+    "ascend": ("What this PR does / why we need it?", "Does this PR introduce _any_ user-facing change?",
+               "How was this patch tested?"),  # vllm-ascend
+}
+# kvforge's copies of the upstream templates, for a base without the file (and for vllm-ascend,
+# which has no base in kvforge yet). Sources: data/templates/upstream/README.md.
+UPSTREAM_COPIES = {
+    "purpose": ("upstream/vllm-0.20.2.PULL_REQUEST_TEMPLATE.md", "vLLM v0.20.2 (sdist vllm-0.20.2.tar.gz)"),
+    "overview": ("upstream/vllm-0.33.0.PULL_REQUEST_TEMPLATE.md", "vLLM 0.33.0 (sdist vllm-0.33.0.tar.gz)"),
+    "ascend": ("upstream/vllm-ascend.PULL_REQUEST_TEMPLATE.md",
+               "vllm-ascend .gemini/styleguide.md (PR summary format) and .github/PULL_REQUEST_TEMPLATE.md"),
+}
+# Type tags per layout (docs/contributing/README.md of each version), by the patch's Kind.
+VLLM_TYPE_TAGS = {
+    "purpose": {"fix": "Bugfix", "refactor": "Misc", "test": "CI/Build"},
+    "overview": {"fix": "Bugfix", "refactor": "Refactor", "test": "Test"},
+}
+# Type tags (what kind of change) as opposed to scope tags ([Core], [KV Offload]: where).
+KNOWN_TYPE_TAGS = {"bugfix", "feature", "perf", "refactor", "misc", "ci", "ci/build", "test", "doc", "docs"}
+ASCEND_ACTION = {"fix": "BugFix", "refactor": "Misc", "test": "Misc"}
+ASCEND_REPO = "vllm-project/vllm-ascend"
+
+# Which `bench prefix-cache` scenarios measure a fix (kvforge/bench/replay/workloads.py documents
+# each scenario's bug report). A bench compares the base with the whole series, so its figures are
+# reported as the series', never as one patch's alone.
+BENCH_SCENARIOS = {
+    "two-phase-kv-alloc": {"external-hit": "measures"},  # seed 003 / #43884: block ids in two groups
+    "swa-reachable-cache-mask": {"gptoss-eagle": "control"},  # EAGLE lookups must keep their lookahead block
+    "swa-retention-queue-split": {"dsv4-resend": "measures", "dsv4-repeat": "measures"},  # seeds 000, 001 / #42948
+    "gemma4-dflash-eagle-spiral": {"gemma4-dflash": "measures"},  # seed 002 / #40624
+}
+
+
+# ---------------------------------------------------------------- results
+
+@dataclass
+class EvidenceUsed:
+    """One evidence record a text was made from (or the statement that there is none)."""
+
+    kind: str  # verify | bench-prefix-cache
+    state: str  # current | stale | missing
+    record: str = ""  # the record file ("" when missing)
+    series: str = ""
+    base: str = ""
+    origin: str = ""
+    platform: str = ""
+    created: str = ""
+    ok: bool | None = None
+
+
+@dataclass
+class Text:
+    """A rendered PR description or release notes; the CLI prints, writes or hands it to gh."""
+
+    kind: str  # pr | notes
+    target: str
+    component: str
+    style: str
+    layout: str
+    title: str
+    body: str
+    base: str
+    base_ref: str
+    series: str
+    origin: str
+    fix_id: str | None = None
+    template: str = ""  # the jinja2 template rendered (a package name, or the user's file)
+    upstream_template: str = ""  # where the upstream PR template (sections, checklist) came from
+    evidence: list[EvidenceUsed] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    repo: str = ""  # the GitHub repository (owner/name) a PR is for
+
+    @property
+    def text(self) -> str:
+        """What `kvforge pr` prints and --out writes: the title, a blank line, the body."""
+        return f"{self.title}\n\n{self.body}" if self.kind == "pr" else self.body
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- templates
+
+def _env(user_template: Path | None = None):
+    """The one jinja2 environment: sandboxed, StrictUndefined, loads only kvforge's templates (and
+    the user's one file)."""
+    from jinja2 import BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateNotFound
+    from jinja2.sandbox import SandboxedEnvironment
+
+    class OneFile(BaseLoader):
+        def __init__(self, path: Path, text: str):
+            self.path, self.text = path, text
+
+        def get_source(self, environment, template):
+            if template != str(self.path):
+                raise TemplateNotFound(template)
+            return self.text, str(self.path), lambda: True
+
+    loaders = [FileSystemLoader(str(TEMPLATES))]
+    if user_template is not None:
+        try:
+            text = Path(user_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise KvforgeError(f"--template {user_template}: cannot read: {why}", EXIT_USAGE) from None
+        loaders.insert(0, OneFile(Path(user_template), text))
+    env = SandboxedEnvironment(loader=ChoiceLoader(loaders), undefined=StrictUndefined, autoescape=False,
+                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters.update(pct=pct, short=lambda c: (c or "")[:12], cell=md_cell, first_line=first_line)
+    return env
+
+
+def render_template(name: str, data: dict, user_template: Path | None = None) -> tuple[str, str | None]:
+    """Render a template with `data`: (text, the title it sets with `{% set title = ... %}`, if any).
+
+    Any template problem is one line naming the template file and line (EXIT_USAGE)."""
+    from jinja2 import TemplateError, TemplateNotFound, TemplateSyntaxError
+
+    env = _env(user_template)
+    label = str(user_template) if user_template is not None else name
+    try:
+        tmpl = env.get_template(str(user_template) if user_template is not None else name)
+        try:
+            module = tmpl.make_module(data)
+        except Exception:
+            env.handle_exception()  # re-raises with the traceback mapped to template lines
+        text = str(module)
+        title = getattr(module, "title", None)
+    except TemplateSyntaxError as exc:
+        where = f"{exc.filename or exc.name or label}:{exc.lineno}"
+        raise KvforgeError(f"template {where}: {exc.message}", EXIT_USAGE) from None
+    except TemplateNotFound as exc:
+        raise KvforgeError(f"template {_where(exc, label)}: no template {exc.name!r} (a template can include or "
+                           "import only kvforge's own templates)", EXIT_USAGE) from None
+    except TemplateError as exc:
+        what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise KvforgeError(f"template {_where(exc, label)}: {what}", EXIT_USAGE) from None
+    return text, (str(title) if title is not None else None)
+
+
+def _where(exc: BaseException, label: str) -> str:
+    """file:line of the innermost template frame of a rendering error (jinja2 maps frames to templates)."""
+    templates = str(TEMPLATES)
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename == label or frame.filename.startswith(templates) or frame.filename.endswith(".j2"):
+            return f"{frame.filename}:{frame.lineno}"
+    return label
+
+
+def pct(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def md_cell(text) -> str:
+    """Text fit for one markdown table cell: one line, pipes escaped."""
+    return " ".join(str(text or "").split()).replace("|", "\\|")
+
+
+def first_line(text, limit: int = 120) -> str:
+    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------- upstream PR templates
+
+@dataclass
+class UpstreamTemplate:
+    layout: str
+    preamble: str  # single-line HTML comments before the first section (e.g. markdownlint-disable)
+    tail: str  # from the '---' rule after the last section to the end: the checklist, verbatim
+    source: str
+
+    def to_data(self) -> dict:
+        return asdict(self)
+
+
+def parse_upstream_template(text: str, source: str) -> UpstreamTemplate:
+    """Split an upstream PR template into its layout (by its section headings), preamble and tail."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    headings = [re.sub(r"\s*\(必填\)\s*$", "", ln.lstrip("#").strip()) for ln in lines
+                if re.match(r"^#{2,3} \S", ln)]
+    layout = next((name for name, want in LAYOUTS.items() if tuple(headings) == want), None)
+    if layout is None:
+        raise KvforgeError(f"{source}: its sections ({', '.join(headings) or 'none'}) match no layout kvforge "
+                           "knows; render the description with --template FILE", EXIT_USAGE)
+    first = next(i for i, ln in enumerate(lines) if re.match(r"^#{2,3} \S", ln))
+    preamble = "\n".join(ln for ln in lines[:first] if re.match(r"^<!--.*-->\s*$", ln.strip()))
+    rule = next((i for i in range(first, len(lines)) if lines[i].strip() == "---"), None)
+    tail = "\n".join(lines[rule:]).strip("\n") if rule is not None else ""
+    return UpstreamTemplate(layout, preamble, tail, source)
+
+
+def vllm_template(stack, release_version: str) -> tuple[UpstreamTemplate, str | None]:
+    """The base's own PR template; kvforge's copy for its version when the base has none (+ a warning)."""
+    res = gitutil.run(stack.base.repo, "show", f"{stack.base.commit}:{UPSTREAM_TEMPLATE}", check=False)
+    label = f"{stack.base.ref} ({stack.base.commit[:12]})"
+    if res.returncode == 0:
+        return parse_upstream_template(res.stdout, f"{UPSTREAM_TEMPLATE} of {label}"), None
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        layout = "overview" if Version(release_version) >= Version("0.33.0") else "purpose"
+    except InvalidVersion:
+        layout = "overview"
+    path, source = UPSTREAM_COPIES[layout]
+    tmpl = parse_upstream_template((TEMPLATES / path).read_text(encoding="utf-8"), f"kvforge's copy of {source}")
+    return tmpl, (f"the base {label} has no {UPSTREAM_TEMPLATE}; used kvforge's copy of {source}'s")
+
+
+def ascend_template() -> UpstreamTemplate:
+    path, source = UPSTREAM_COPIES["ascend"]
+    return parse_upstream_template((TEMPLATES / path).read_text(encoding="utf-8"), f"kvforge's copy of {source}")
+
+
+# ---------------------------------------------------------------- patch facts
+
+def split_tags(subject: str) -> tuple[list[str], str]:
+    """'[Core][KV] Do x' -> (['Core', 'KV'], 'Do x')."""
+    m = TAGS_RE.match(subject)
+    if not m:
+        return [], subject.strip()
+    return re.findall(r"\[([^][]+)\]", m.group(1)), subject[m.end():].strip()
+
+
+def vllm_title(subject: str, kind: str, layout: str) -> str:
+    """The subject with a type tag for the Kind in front when it has none; checked against vLLM's rule."""
+    tags, text = split_tags(subject)
+    if not any(t.lower() in KNOWN_TYPE_TAGS for t in tags):
+        tags.insert(0, VLLM_TYPE_TAGS[layout if layout in VLLM_TYPE_TAGS else "overview"].get(kind, "Misc"))
+    title = "".join(f"[{t}]" for t in tags) + f" {text}"
+    check_vllm_title(title)
+    return title
+
+
+def check_vllm_title(title: str) -> None:
+    if not VLLM_TITLE_RE.match(title):
+        raise KvforgeError(f"title {title!r} fails vLLM's PR title check ^(\\[[^][]+\\])+ +\\S "
+                           "(one or more [Tag] prefixes, a space, then the description)", EXIT_USAGE)
+
+
+def ascend_title(subject: str, kind: str, target: str, touched: list[str]) -> str:
+    """[Branch][Module][Action] Title; the branch is omitted for main."""
+    tags, text = split_tags(subject)
+    modules = [t for t in tags if t.lower() not in KNOWN_TYPE_TAGS]
+    if not modules:
+        modules = ["Core" if any(p.startswith("vllm/v1/core/") for p in touched) else "Misc"]
+    branch = [] if target == "main" else [target]
+    return "".join(f"[{t}]" for t in [*branch, *modules, ASCEND_ACTION.get(kind, "Misc")]) + f" {text}"
+
+
+def message_body(patch) -> str:
+    """The commit message between the subject and the trailer block (free text)."""
+    text = patch.raw.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    i = 1
+    while i < len(lines) and lines[i] != "":
+        i += 1
+    end = i + 1
+    while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
+        end += 1
+    body = lines[i + 1:end]
+    while body and not body[-1].strip():
+        body.pop()
+    k = len(body)  # drop the last paragraph: the trailers
+    while k > 0 and body[k - 1].strip():
+        k -= 1
+    return "\n".join(body[:k]).strip("\n")
+
+
+def unwrap(text: str) -> str:
+    """A hard-wrapped commit message as markdown (GitHub renders every newline of a PR body as a
+    break): paragraph and bullet lines are joined; a paragraph with other indented lines (a table,
+    code) becomes a fenced text block, unchanged."""
+    out: list[str] = []
+    for para in re.split(r"\n\s*\n", text.strip("\n")):
+        lines = para.split("\n")
+        items: list[str] = []
+        preformatted = False
+        for ln in lines:
+            if re.match(r"^\s*([-*]|\d{1,2}\.)\s", ln) and not ln.startswith("    "):
+                items.append(ln.strip() if not ln.startswith(" ") else ln.rstrip())
+            elif ln[:1].isspace():
+                if items and re.match(r"^\s*([-*]|\d{1,2}\.)\s", items[-1]):
+                    items[-1] += " " + ln.strip()
+                else:
+                    preformatted = True
+                    break
+            elif items and not re.match(r"^\s*([-*]|\d{1,2}\.)\s", items[-1]):
+                items[-1] += " " + ln.strip()
+            else:
+                if items:  # a plain line right after a bullet list starts a new paragraph
+                    items.append("")
+                items.append(ln.strip())
+        out.append("```text\n" + para + "\n```" if preformatted else "\n".join(items))
+    return "\n\n".join(out)
+
+
+def vllm_refs(text: str) -> str:
+    """Bare '#N' (vLLM's issues and PRs, as a vLLM commit message writes them) as 'vllm-project/vllm#N',
+    for a text posted in another repository."""
+    return re.sub(r"(?<![\w/#&])#(\d{3,})\b", r"vllm-project/vllm#\1", text)
+
+
+def github_ref(url: str, repo: str) -> str:
+    """'#N' for an issue or PR of `repo`, 'owner/name#N' for another repository's, else the URL."""
+    m = re.match(r"^https?://github\.com/([^/]+/[^/]+)/(?:pull|issues)/(\d+)/?$", url)
+    if not m:
+        return url
+    return f"#{m.group(2)}" if m.group(1).lower() == repo.lower() else f"{m.group(1)}#{m.group(2)}"
+
+
+def upstream_status(value: str) -> tuple[str, str]:
+    m = re.match(r"^([A-Za-z-]+)(?:\s+\[(.*)\])?\s*$", value or "")
+    return (m.group(1), (m.group(2) or "").strip()) if m else (value, "")
+
+
+def drop_when_text(value: str) -> str:
+    if value.startswith("base-contains "):
+        return f"the base contains upstream commit {value.split(' ', 1)[1]}"
+    if value.startswith("version >= "):
+        return f"the base is vLLM {value.split('>= ', 1)[1]} or newer"
+    if value.startswith("upstream-pr-merged "):
+        return f"{value.split(' ', 1)[1]} is merged"
+    if value.startswith("never"):
+        reason = value[len("never"):].strip().strip("[]")
+        return "never" + (f" ({reason})" if reason else "")
+    return value
+
+
+def user_facing(patch) -> list[str]:
+    """What a patch adds that a user can set: environment variables (vllm/envs.py), config fields
+    (dataclass fields in vllm/config/), engine arguments (vllm/engine/arg_utils.py)."""
+    out: list[str] = []
+
+    def add(item: str) -> None:
+        if item not in out:
+            out.append(item)
+
+    for f in patch.files:
+        path = f.path
+        for hunk in f:
+            cls = re.match(r"^\s*class (\w+)", hunk.section_header or "")
+            for line in hunk:
+                if not line.is_added:
+                    continue
+                text = line.value.rstrip("\n")
+                if path == "vllm/envs.py":
+                    m = re.match(r'^\s*"(VLLM_[A-Z0-9_]+)"\s*:', text)
+                    if m:
+                        add(f"environment variable `{m.group(1)}`")
+                elif path.startswith("vllm/config/") and cls:
+                    m = re.match(r"^    ([a-z][a-z0-9_]*)\s*:\s*[^=]+=", text)
+                    if m:
+                        add(f"config field `{cls.group(1)}.{m.group(1)}`")
+                elif path == "vllm/engine/arg_utils.py":
+                    for m in re.finditer(r'"(--[a-z0-9][a-z0-9-]+)"', text):
+                        add(f"engine argument `{m.group(1)}`")
+    return out
+
+
+def depends_chain(series, patch) -> tuple[list, list[str]]:
+    """The patches `patch` depends on, transitively, in series order; and Fix-Ids not in the series."""
+    by_id = series.by_fix_id()
+    seen: set[str] = set()
+    missing: list[str] = []
+    todo = list(patch.depends_on)
+    while todo:
+        fid = todo.pop()
+        if fid in seen:
+            continue
+        seen.add(fid)
+        dep = by_id.get(fid)
+        if dep is None:
+            missing.append(fid)
+            continue
+        todo.extend(dep.depends_on)
+    return [p for p in series.patches if p.fix_id in seen], sorted(missing)
+
+
+def check_dco(patches) -> None:
+    for p in patches:
+        if not any(re.match(r"^.+ <[^<>\s]+@[^<>\s]+>$", v) for v in p.values("Signed-off-by")):
+            raise KvforgeError(f"{p.name} ({p.subject}): no Signed-off-by: trailer; vLLM and vllm-ascend require "
+                               "a DCO sign-off on every commit (git commit --amend -s, then export)", EXIT_USAGE)
+
+
+def diffstat(stack, n: int) -> str:
+    """`git diff --stat` of patch n (or of the whole series with n = 0): exact, from the stack."""
+    a, b = (stack.commits[n - 1], stack.commits[n]) if n else (stack.commits[0], stack.commits[-1])
+    if a == b:
+        return ""
+    return gitutil.run(stack.base.repo, "diff", "--stat=80", "--find-renames", a, b).stdout.rstrip("\n")
+
+
+# ---------------------------------------------------------------- evidence
+
+def find_evidence(cache, key, kind: str, allow_stale: bool, target: str) -> tuple[evidence.Record | None, str]:
+    """The newest record of `kind` for exactly this key: (record, 'current'); or another series' or
+    base's newest, refused (EXIT_TESTS) or, with allow_stale, (record, 'stale'); or (None, 'missing')."""
+    rec = evidence.latest(cache, key, kind)
+    if rec is not None:
+        return rec, "current"
+    others = [r for r in evidence.load(cache, key.target, key.component, kind=kind) if r.key != key]
+    if not others:
+        return None, "missing"
+    other = others[-1]
+    what = "series" if other.key.series != key.series else "base"
+    if not allow_stale:
+        command = "verify" if kind == "verify" else "bench prefix-cache"
+        raise KvforgeError(
+            f"stale evidence: the newest {kind} record of {target} is for {what} "
+            f"{(other.key.series if what == 'series' else other.key.base[:12])} but this is {what} "
+            f"{(key.series if what == 'series' else key.base[:12])}; run `kvforge {command} -t {target}` "
+            "(or pass --allow-stale to use it, said so in the text)", EXIT_TESTS)
+    return other, "stale"
+
+
+def _evidence(ctx, key, kind: str, allow_stale: bool, used: list[EvidenceUsed], warnings: list[str],
+              args: str = "") -> tuple[evidence.Record | None, str]:
+    """find_evidence, recorded in `used`, with a warning when it is missing or stale."""
+    target = ctx.target.name
+    rec, state = find_evidence(ctx.cache, key, kind, allow_stale, target)
+    used.append(_used(kind, rec, state))
+    command = "verify" if kind == "verify" else "bench prefix-cache"
+    if rec is None:
+        warnings.append(f"no {command} evidence for series {key.series} on {key.base[:12]}: the text says so "
+                        f"(run `kvforge {command} -t {target}{args}`)")
+    elif state == "stale":
+        warnings.append(f"using stale {command} evidence of series {rec.key.series} (this series is "
+                        f"{key.series}); the text says so")
+    return rec, state
+
+
+def _used(kind: str, rec: evidence.Record | None, state: str) -> EvidenceUsed:
+    if rec is None:
+        return EvidenceUsed(kind, state)
+    return EvidenceUsed(kind, state, str(rec.path or ""), rec.key.series, rec.key.base, rec.origin, rec.platform,
+                        rec.created, rec.ok)
+
+
+def when(created: str) -> str:
+    try:
+        t = datetime.fromisoformat(created)
+    except (TypeError, ValueError):
+        return created
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _record_data(rec: evidence.Record, state: str, target: str, command: str) -> dict:
+    return {"state": state, "created": rec.created, "date": when(rec.created), "series": rec.key.series,
+            "base": rec.key.base, "from_commit": _from_commit(rec.origin), "platform": rec.platform, "ok": rec.ok,
+            "command": f"kvforge {command} -t {target}"}
+
+
+def _from_commit(origin: str) -> str:
+    """'--from DIR (sha)' -> 'sha' ('' for the series files): a text never names a directory of this machine."""
+    m = re.search(r"\(([0-9a-f]{7,40})\)$", origin or "") if origin != "series" else None
+    return m.group(1) if m else ""
+
+
+def verify_data(rec: evidence.Record | None, state: str, target: str, fix_id: str | None) -> dict | None:
+    """What the templates show of a verify record: the fix's checks and the regression suite."""
+    if rec is None:
+        return None
+    d = rec.data
+    out = _record_data(rec, state, target, "verify")
+    out.update(env=d.get("env", ""), base_ref=d.get("base_ref", ""), patches=len(d.get("patches", [])),
+               proven=sum(p.get("status") == "proven" for p in d.get("patches", [])))
+    reg = d.get("regression") or {}
+    out["regression"] = {"passed": reg.get("passed", 0), "failed": reg.get("failed", 0),
+                         "errors": reg.get("errors", 0), "skipped": reg.get("skipped", 0),
+                         "selection": list(reg.get("selection", [])), "checks": len(reg.get("checks", [])),
+                         "ok": bool(reg.get("ok")), "reason": reg.get("reason", "")}
+    out["by_fix"] = {p.get("fix_id"): _verdict(p) for p in d.get("patches", [])}
+    out["patch"] = out["by_fix"].get(fix_id) if fix_id else None
+    return out
+
+
+def _verdict(p: dict) -> dict:
+    fb, pa = p.get("fail_before") or [0, 0], p.get("pass_after") or [0, 0]
+    return {"n": p.get("n"), "name": p.get("name"), "status": p.get("status"), "reason": p.get("reason", ""),
+            "in_base": bool(p.get("in_base")), "fail_before": list(fb), "pass_after": list(pa),
+            "checks": [{"node": c.get("node"), "test": c.get("node", "").rsplit("/", 1)[-1],
+                        "before": c.get("before") or "not run", "after": c.get("after") or "not run",
+                        "before_how": c.get("before_how", ""), "before_message": first_line(c.get("before_message")),
+                        "after_message": first_line(c.get("after_message"))}
+                       for c in p.get("checks", [])]}
+
+
+def bench_data(rec: evidence.Record | None, state: str, target: str, scenarios: tuple[str, ...]) -> dict | None:
+    """The rows and goals of a bench record for the given scenarios (all of them when empty)."""
+    if rec is None:
+        return None
+    d = rec.data
+    out = _record_data(rec, state, target, "bench prefix-cache")
+    wanted = set(scenarios)
+    rows = []
+    for row in d.get("rows", []):
+        if wanted and row.get("scenario") not in wanted:
+            continue
+        b, p = row.get("base"), row.get("patched")
+        rows.append({"label": row.get("label"), "scenario": row.get("scenario"),
+                     "base_hit": pct(b["hit_rate"]) if b else "error",
+                     "patched_hit": pct(p["hit_rate"]) if p else ("-" if "patched_error" not in row else "error"),
+                     "ceiling": pct((p or b or {}).get("ceiling_rate")),
+                     "base_violations": b["violations"] if b else "-",
+                     "patched_violations": p["violations"] if p else "-",
+                     "base": b, "patched": p})
+    present = {r["scenario"] for r in rows}
+    out.update(scale=d.get("scale"), seed=d.get("seed"), patches=d.get("patches", 0), note=d.get("note", ""),
+               rows=rows, missing=[s for s in scenarios if s not in present],
+               goals=[g for g in d.get("goals", []) if not wanted or g.get("scenario", "").split("/")[0] in wanted],
+               command=f"kvforge bench prefix-cache -t {target}"
+                       + (f" --scenario {','.join(scenarios)}" if scenarios else "")
+                       + (f" --scale {d.get('scale'):g}" if isinstance(d.get("scale"), (int, float)) else "")
+                       + (f" --seed {d.get('seed')}" if d.get("seed") else ""))
+    return out
+
+
+# ---------------------------------------------------------------- data for the templates
+
+def _patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str]) -> dict:
+    p = stack.series.patches[n - 1]
+    tags, text = split_tags(p.subject)
+    status, detail = upstream_status(p.upstream_status)
+    # A text posted outside vLLM's repository spells vLLM's '#N' in full.
+    local = (lambda t: t) if repo.lower() == "vllm-project/vllm" else vllm_refs
+    description = message_body(p)
+    return {
+        "n": n, "name": p.name, "fix_id": p.fix_id, "kind": p.kind, "subject": p.subject, "subject_text": text,
+        "tags": tags, "author": p.author, "why": local(p.value("Why") or ""), "description": description,
+        "description_md": local(unwrap(description)),
+        "upstream_status": p.upstream_status, "status": status, "status_detail": detail,
+        "status_ref": github_ref(detail, repo) if detail.startswith("http") else detail,
+        "upstream_prs": [{"url": u, "ref": github_ref(u, repo)} for u in p.values("Upstream-PR")],
+        "upstream_commits": p.values("Upstream-Commit"),
+        "bugs": [{"url": u, "ref": github_ref(u, repo)} for u in p.values("Bug")],
+        "drop_when": p.value("Drop-When") or "", "drop_when_text": drop_when_text(p.value("Drop-When") or ""),
+        "depends_on": [{"fix_id": d.fix_id, "name": d.name, "subject": d.subject,
+                        "upstream_status": d.upstream_status} for d in deps],
+        "depends_missing": missing_deps,
+        "checks": p.checks, "signed_off_by": p.values("Signed-off-by"),
+        "touched": p.touched_paths, "user_facing": user_facing(p),
+        "diffstat": diffstat(stack, n), "in_base": stack.in_base(n), "earlier": n - 1,
+        "bench_scenarios": list(BENCH_SCENARIOS.get(p.fix_id, {})),
+        "bench_roles": dict(BENCH_SCENARIOS.get(p.fix_id, {})),
+    }
+
+
+def _common(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> dict:
+    comp, base = ctx.component, stack.base
+    from .targets import project_root
+
+    try:
+        series_dir = os.path.relpath(comp.series_dir, project_root())
+    except (KvforgeError, ValueError):
+        series_dir = comp.series_dir.name
+    return {
+        "style": style, "layout": layout,
+        "target": {"name": ctx.target.name, "description": ctx.target.description, "component": comp.name,
+                   "release": f"{comp.release.package} {comp.release.version}",
+                   "branch": None if ctx.target.name == "main" else ctx.target.name,
+                   "selection": list(comp.tests.get("cpu", ()))},
+        "base": {"ref": base.ref, "commit": base.commit, "short": base.commit[:12], "source": base.source,
+                 "origin": _base_origin(base),
+                 "name": f"vLLM {base.ref}" if base.ref != "main" else f"vLLM main ({comp.release.version} snapshot)"},
+        "series": {"dir": series_dir, "digest": stack.digest, "size": stack.size,
+                   "from_commit": _from_commit(stack.origin)},
+        "upstream": upstream.to_data(),
+        "in_base": [{"fix_id": e.fix_id, "reason": e.reason} for e in comp.in_base],
+    }
+
+
+# ---------------------------------------------------------------- the two products
+
+def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = None,
+                 allow_stale: bool = False) -> Text:
+    """One fix of ctx's series as a PR title and body (see the module docstring)."""
+    from .trees import open_stack
+
+    if style not in STYLES:
+        raise KvforgeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}", EXIT_USAGE)
+    stack = open_stack(ctx)
+    n = next((i for i, p in enumerate(stack.series.patches, 1) if p.fix_id == fix_id), None)
+    if n is None:
+        raise _no_such_fix(ctx, stack, fix_id)
+    patch = stack.series.patches[n - 1]
+    deps, missing_deps = depends_chain(stack.series, patch)
+    check_dco([*deps, patch])
+    warnings: list[str] = []
+    if stack.in_base(n):
+        warnings.append(f"{patch.name} changes nothing on {stack.base.ref}: its change is already in the base")
+    if missing_deps:
+        warnings.append(f"{patch.name} depends on {', '.join(missing_deps)}, which this series does not carry")
+
+    if style == "vllm":
+        upstream, warning = vllm_template(stack, ctx.component.release.version)
+        if warning:
+            warnings.append(warning)
+        repo = _github_repo(ctx.component.repo) or "vllm-project/vllm"
+    else:
+        upstream, repo = ascend_template(), ASCEND_REPO
+    layout = upstream.layout
+    data = _common(ctx, stack, style, layout, upstream)
+    data["fix"] = _patch_data(stack, n, repo, deps, missing_deps)
+    data["repo"] = repo
+
+    key, target = stack.key, ctx.target.name
+    used: list[EvidenceUsed] = []
+    rec, state = _evidence(ctx, key, "verify", allow_stale, used, warnings)
+    data["verify"] = verify_data(rec, state, target, fix_id)
+    verdict = (data["verify"] or {}).get("patch")
+    if rec is not None and verdict is None:
+        warnings.append(f"the verify record has no verdict for {fix_id}")
+    elif verdict and verdict["status"] != "proven" and patch.kind == "fix":
+        warnings.append(f"verify found {fix_id} {verdict['status']}: {verdict['reason']}")
+    scenarios = tuple(BENCH_SCENARIOS.get(fix_id, {}))
+    data["bench"] = None
+    if scenarios:
+        brec, bstate = _evidence(ctx, key, "bench-prefix-cache", allow_stale, used, warnings,
+                                 f" --scenario {','.join(scenarios)}")
+        data["bench"] = bench_data(brec, bstate, target, scenarios)
+
+    if style == "vllm":
+        title = vllm_title(patch.subject, patch.kind, layout)
+    else:
+        title = ascend_title(patch.subject, patch.kind, target, patch.touched_paths)
+    data["title"] = title
+    name = "pr-ascend.md.j2" if style == "vllm-ascend" else f"pr-vllm-{layout}.md.j2"
+    body, user_title = render_template(name, data, template)
+    if user_title is not None:
+        title = " ".join(user_title.split())
+        if style == "vllm":
+            check_vllm_title(title)
+    return Text("pr", target, ctx.component.name, style, layout, title, _tidy(body), stack.base.commit,
+                stack.base.ref, stack.digest, stack.origin, fix_id,
+                str(template) if template is not None else name, upstream.source, used, warnings, repo)
+
+
+def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) -> Text:
+    """Release notes for ctx's patched build: identity, one entry per fix, evidence, what the base has."""
+    from .trees import open_stack
+
+    stack = open_stack(ctx)
+    target, key = ctx.target.name, stack.key
+    repo = ""  # notes are read outside vLLM's repository: its issues and PRs are spelled owner/name#N
+    data = _common(ctx, stack, "notes", "notes", UpstreamTemplate("notes", "", "", ""))
+    warnings: list[str] = []
+    fixes = []
+    for n, p in enumerate(stack.series.patches, 1):
+        deps, missing = depends_chain(stack.series, p)
+        fixes.append(_patch_data(stack, n, repo, deps, missing))
+    data["fixes"] = fixes
+    used: list[EvidenceUsed] = []
+    rec, state = _evidence(ctx, key, "verify", allow_stale, used, warnings)
+    data["verify"] = verify_data(rec, state, target, None)
+    wanted = tuple(dict.fromkeys(s for f in fixes for s in f["bench_scenarios"]))
+    brec, bstate = _evidence(ctx, key, "bench-prefix-cache", allow_stale, used, warnings)
+    data["bench"] = bench_data(brec, bstate, target, ())
+    data["bench_by_scenario"] = {r["scenario"]: r for r in (data["bench"] or {}).get("rows", [])
+                                 if r["scenario"] in wanted and r["label"] == r["scenario"]}
+    authors: dict[str, list[str]] = {}
+    for p in stack.series.patches:
+        authors.setdefault(re.sub(r"\s*<.*>$", "", p.author) or "unknown", []).append(p.subject)
+    data["shortlog"] = [{"author": a, "subjects": s} for a, s in authors.items()]
+    data["diffstat"] = diffstat(stack, 0) if stack.size else ""
+    title = f"{data['base']['name']} + kvforge series {target} ({stack.digest})"
+    data["title"] = title
+    body, user_title = render_template("notes.md.j2", data, template)
+    return Text("notes", target, ctx.component.name, "notes", "notes", " ".join((user_title or title).split()),
+                _tidy(body), stack.base.commit, stack.base.ref, stack.digest, stack.origin, None,
+                str(template) if template is not None else "notes.md.j2", "", used, warnings)
+
+
+def _tidy(body: str) -> str:
+    """At most one blank line in a row, no trailing spaces, one final newline."""
+    lines = [ln.rstrip() for ln in body.split("\n")]
+    out: list[str] = []
+    for ln in lines:
+        if ln == "" and out and out[-1] == "":
+            continue
+        out.append(ln)
+    return "\n".join(out).strip("\n") + "\n"
+
+
+def _base_origin(base) -> str:
+    """Where the base came from, as a text may say it: the sdist and its sha256, or a git URL (never a
+    directory of this machine)."""
+    if base.source == "git" and not re.match(r"^[a-z][a-z0-9+.-]*://|^git@", base.origin or ""):
+        return f"a local git clone ({base.ref})"
+    return base.origin
+
+
+def _github_repo(url: str) -> str | None:
+    m = re.match(r"^(?:https?://|git@)github\.com[/:]([^/]+/[^/]+?)(?:\.git)?/?$", url or "")
+    return m.group(1) if m else None
+
+
+def _no_such_fix(ctx, stack, fix_id: str) -> KvforgeError:
+    name = ctx.target.name
+    entry = next((e for e in ctx.component.in_base if e.fix_id == fix_id), None)
+    if entry is not None:
+        return KvforgeError(f"{name}: {fix_id} is already in the base ({entry.reason}); {name} carries no patch "
+                            "for it, so there is no PR to describe", EXIT_USAGE)
+    carried = []
+    try:
+        from .series import read_series
+        from .targets import load_all
+
+        for t in load_all():
+            if t.name != name and any(p.fix_id == fix_id for c in t.components
+                                      for p in read_series(c.series_dir).patches):
+                carried.append(t.name)
+    except KvforgeError:
+        pass
+    have = f"it has: {', '.join(p.fix_id for p in stack.series.patches)}" if stack.series.patches else "it is empty"
+    where = f"; carried by {', '.join(carried)}" if carried else ""
+    return KvforgeError(f"{name}: no patch with Fix-Id {fix_id!r} in its series ({have}), and "
+                        f"targets/{name}.toml lists no in_base entry for it{where}", EXIT_USAGE)
+
+
+# ---------------------------------------------------------------- gh
+
+def find_gh() -> str:
+    """The gh executable, or a one-line environment error."""
+    gh = shutil.which("gh")
+    if not gh:
+        raise KvforgeError("--open needs the GitHub CLI `gh`, which is not installed (not on PATH); "
+                           "the description is printed or written with --out instead", EXIT_ENV)
+    return gh
+
+
+def gh_argv(gh: str, pr: Text, body_file: Path, base_branch: str | None) -> list[str]:
+    argv = [gh, "pr", "create", "--repo", pr.repo or "vllm-project/vllm", "--draft", "--title", pr.title, "--body-file", str(body_file)]
+    if base_branch:
+        argv += ["--base", base_branch]
+    return argv
+
+
+def base_branch(pr: Text) -> str | None:
+    """The upstream branch a PR targets: main for main; vllm-ascend's releases/<target>; else gh's default."""
+    if pr.target == "main":
+        return "main"
+    return f"releases/{pr.target}" if pr.style == "vllm-ascend" else None
+
+
+def open_pr(pr: Text, gh: str) -> str:
+    """`gh pr create --draft` with the title and body; returns what gh prints (the PR's URL)."""
+    with tempfile.TemporaryDirectory(prefix="kvforge-pr-") as tmp:
+        body = Path(tmp) / "body.md"
+        body.write_text(pr.body, encoding="utf-8")
+        argv = gh_argv(gh, pr, body, base_branch(pr))
+        try:
+            res = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+        except OSError as exc:
+            raise KvforgeError(f"cannot run {gh}: {exc.strerror or exc}", EXIT_ENV) from None
+    if res.returncode != 0:
+        raise KvforgeError(f"gh pr create failed (exit {res.returncode}); its message is above", EXIT_ENV)
+    return res.stdout.strip()

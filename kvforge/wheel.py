@@ -1,0 +1,333 @@
+"""Wheels as zip files, read and written member by member without recompressing what does not change.
+
+`zipfile` can only add a member by compressing it again; recompressing the 546 MB inside vLLM's
+244 MB wheel is what makes `wheel unpack` + `wheel pack` take ~29 s. Here an unchanged member is
+copied as it is stored: its local file header, compressed data and data descriptor go to the new
+file byte for byte (`os.copy_file_range` where the kernel has it), and its central directory record
+is the original one with only the offset of its local header rewritten. New or changed members
+are written STORED (not deflated), so their bytes do not depend on the zlib a machine has
+(zlib and zlib-ng deflate the same input differently): the output is a function of the input
+bytes, the new members and their order, on every machine.
+
+Reading is strict, since a wheel's names become paths on install (zip-slip): no absolute names,
+no `..`, no backslashes or drive letters, no symbolic links, no duplicate names, local headers
+that agree with the central directory, no encryption, no multi-disk archives and no zip64 (vLLM's
+wheels need none; refusing is simpler than getting it half right).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import stat
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EXIT_USAGE, KvforgeError
+
+LOCAL = struct.Struct("<4sHHHHHIIIHH")  # local file header, 30 bytes
+CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # central directory header, 46 bytes
+EOCD = struct.Struct("<4sHHHHIIH")  # end of central directory record, 22 bytes
+SIG_LOCAL, SIG_CENTRAL, SIG_EOCD = b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06"
+SIG_DESCRIPTOR, SIG_ZIP64_LOCATOR = b"PK\x07\x08", b"PK\x06\x07"
+FLAG_ENCRYPTED, FLAG_DESCRIPTOR, FLAG_UTF8 = 0x1, 0x8, 0x800
+MAX16, MAX32 = 0xFFFF, 0xFFFFFFFF
+MADE_BY_UNIX = 3 << 8 | 20  # version made by: unix, zip 2.0
+
+
+class WheelError(KvforgeError):
+    """A wheel kvforge will not read or write (unsafe names, zip64, inconsistent headers)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_USAGE)
+
+
+@dataclass
+class Member:
+    """One entry of a zip file, as its central directory describes it."""
+
+    name: str
+    raw_name: bytes
+    central: bytes  # the whole central directory record (header, name, extra, comment)
+    offset: int  # of its local file header
+    flags: int
+    method: int
+    crc: int
+    compress_size: int
+    file_size: int
+    external_attr: int
+    dos_time: int
+    dos_date: int
+
+    @property
+    def is_dir(self) -> bool:
+        return self.name.endswith("/")
+
+    @property
+    def mode(self) -> int:
+        return self.external_attr >> 16
+
+
+def safe_name(name: str) -> str | None:
+    """Why `name` is not a safe relative member name (None when it is)."""
+    if not name or "\x00" in name:
+        return "an empty name or a NUL byte"
+    if "\\" in name:
+        return "a backslash"
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        return "an absolute path"
+    parts = name.rstrip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "an empty, '.' or '..' path component"
+    return None
+
+
+def check_name(name: str, where: str) -> None:
+    why = safe_name(name)
+    if why:
+        raise WheelError(f"{where}: member {name!r} has {why}; refusing it (zip-slip)")
+
+
+def read_members(path: Path) -> list[Member]:
+    """The central directory of `path`, checked (see the module docstring)."""
+    where = Path(path).name
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        tail_len = min(size, EOCD.size + MAX16)
+        fh.seek(size - tail_len)
+        tail = fh.read(tail_len)
+        at = tail.rfind(SIG_EOCD)
+        if at < 0 or at + EOCD.size > len(tail):
+            raise WheelError(f"{where}: not a zip file (no end of central directory record)")
+        _sig, disk, cd_disk, n_disk, n_total, cd_size, cd_offset, comment_len = EOCD.unpack_from(tail, at)
+        if tail[max(at - 20, 0):at - 16] == SIG_ZIP64_LOCATOR or MAX16 in (n_disk, n_total) or MAX32 in (cd_size, cd_offset):
+            raise WheelError(f"{where}: a zip64 archive; kvforge reads and writes plain zip only")
+        if disk or cd_disk or n_disk != n_total:
+            raise WheelError(f"{where}: a multi-disk zip archive")
+        eocd_at = size - tail_len + at
+        if cd_offset + cd_size > eocd_at:
+            raise WheelError(f"{where}: the central directory lies outside the file (truncated?)")
+        fh.seek(cd_offset)
+        cd = fh.read(cd_size)
+        members: list[Member] = []
+        seen: set[str] = set()
+        pos = 0
+        for _ in range(n_total):
+            if cd[pos:pos + 4] != SIG_CENTRAL:
+                raise WheelError(f"{where}: corrupt central directory at entry {len(members) + 1}")
+            (_s, _made, _need, flags, method, dos_time, dos_date, crc, csize, usize, nlen, xlen, clen, _disk,
+             _iattr, eattr, offset) = CENTRAL.unpack_from(cd, pos)
+            end = pos + CENTRAL.size + nlen + xlen + clen
+            raw_name = cd[pos + CENTRAL.size:pos + CENTRAL.size + nlen]
+            name = raw_name.decode("utf-8" if flags & FLAG_UTF8 else "cp437")
+            m = Member(name, raw_name, cd[pos:end], offset, flags, method, crc, csize, usize, eattr, dos_time, dos_date)
+            pos = end
+            check_name(name, where)
+            if flags & FLAG_ENCRYPTED:
+                raise WheelError(f"{where}: member {name} is encrypted")
+            if MAX32 in (csize, usize, offset):
+                raise WheelError(f"{where}: member {name} needs zip64; kvforge reads plain zip only")
+            if stat.S_ISLNK(m.mode):
+                raise WheelError(f"{where}: member {name} is a symbolic link; refusing it (zip-slip)")
+            if name in seen:
+                raise WheelError(f"{where}: member {name} appears twice")
+            seen.add(name)
+            members.append(m)
+        if pos != len(cd):
+            raise WheelError(f"{where}: the central directory has bytes past its {n_total} entries")
+    return members
+
+
+def _local_span(fh, m: Member, where: str) -> tuple[int, int]:
+    """(start, length) of the member's local header + data (+ descriptor), checked against the central record."""
+    fh.seek(m.offset)
+    head = fh.read(LOCAL.size)
+    if len(head) != LOCAL.size or head[:4] != SIG_LOCAL:
+        raise WheelError(f"{where}: member {m.name}: no local file header at offset {m.offset}")
+    _s, _need, flags, method, _t, _d, crc, csize, usize, nlen, xlen = LOCAL.unpack(head)
+    if fh.read(nlen) != m.raw_name:
+        raise WheelError(f"{where}: member {m.name}: its local header names another file")
+    if method != m.method or (flags & FLAG_DESCRIPTOR) != (m.flags & FLAG_DESCRIPTOR):
+        raise WheelError(f"{where}: member {m.name}: local header and central directory disagree")
+    if not flags & FLAG_DESCRIPTOR and (crc, csize, usize) != (m.crc, m.compress_size, m.file_size):
+        raise WheelError(f"{where}: member {m.name}: local header and central directory disagree on size or CRC")
+    data_end = m.offset + LOCAL.size + nlen + xlen + m.compress_size
+    end = data_end
+    if flags & FLAG_DESCRIPTOR:
+        fh.seek(data_end)
+        desc = fh.read(16)
+        with_sig = desc[:4] == SIG_DESCRIPTOR and struct.unpack_from("<I", desc, 4)[0] == m.crc
+        end += 16 if with_sig else 12
+    return m.offset, end - m.offset
+
+
+def read_member(path: Path, m: Member) -> bytes:
+    """The uncompressed bytes of one member (CRC-checked)."""
+    with open(path, "rb") as fh:
+        fh.seek(m.offset)
+        head = fh.read(LOCAL.size)
+        nlen, xlen = LOCAL.unpack(head)[-2:]
+        fh.seek(m.offset + LOCAL.size + nlen + xlen)
+        raw = fh.read(m.compress_size)
+    if m.method == 0:
+        data = raw
+    elif m.method == 8:
+        data = zlib.decompress(raw, -15)
+    else:
+        raise WheelError(f"{Path(path).name}: member {m.name} uses compression method {m.method}")
+    if zlib.crc32(data) != m.crc or len(data) != m.file_size:
+        raise WheelError(f"{Path(path).name}: member {m.name} is corrupt (CRC or size mismatch)")
+    return data
+
+
+def dos_datetime(date_time: tuple[int, int, int, int, int, int]) -> tuple[int, int]:
+    y, mo, d, h, mi, s = date_time
+    return (h << 11) | (mi << 5) | (s // 2), ((y - 1980) << 9) | (mo << 5) | d
+
+
+def date_time_of(m: Member) -> tuple[int, int, int, int, int, int]:
+    return ((m.dos_date >> 9) + 1980, (m.dos_date >> 5) & 0xF, m.dos_date & 0x1F,
+            m.dos_time >> 11, (m.dos_time >> 5) & 0x3F, (m.dos_time & 0x1F) * 2)
+
+
+class RawZipWriter:
+    """Write a zip file from raw copies of another zip's members and new STORED members.
+
+    Copies of members that lie one after another in the source are merged into one kernel copy.
+    """
+
+    def __init__(self, out):
+        self.out = out
+        self.central: list[bytes] = []
+        self.names: set[str] = set()
+        self.pending: tuple[object, int, int] | None = None  # (source file, start, length) not copied yet
+        self.pos = out.tell()
+
+    def _start(self, name: str, checked: bool = False) -> int:
+        if not checked:
+            check_name(name, "output")
+        if name in self.names:
+            raise WheelError(f"output: member {name} written twice")
+        self.names.add(name)
+        if self.pos > MAX32:
+            raise WheelError("output: past 4 GiB; kvforge writes plain zip only")
+        return self.pos
+
+    def _flush(self) -> None:
+        if self.pending:
+            src, start, length = self.pending
+            self.out.seek(self.pos - length)
+            _copy_range(src, self.out, start, length)
+            self.pending = None
+
+    def copy(self, src_fh, m: Member, where: str) -> None:
+        """Copy member `m` (from read_members: its name is checked) of the open file `src_fh` as it is stored."""
+        offset = self._start(m.name, checked=True)
+        start, length = _local_span(src_fh, m, where)
+        p = self.pending
+        if p and p[0] is src_fh and p[1] + p[2] == start:
+            self.pending = (src_fh, p[1], p[2] + length)
+        else:
+            self._flush()
+            self.pending = (src_fh, start, length)
+        self.pos += length
+        self.central.append(m.central[:42] + struct.pack("<I", offset) + m.central[46:])
+
+    def add(self, name: str, data: bytes, date_time: tuple[int, int, int, int, int, int], mode: int = 0o644) -> None:
+        """A new member, STORED, with a fixed time and `mode` (a regular file)."""
+        self._flush()
+        offset = self._start(name)
+        raw_name = name.encode("utf-8")
+        flags = 0 if raw_name.isascii() else FLAG_UTF8
+        dtime, ddate = dos_datetime(date_time)
+        crc = zlib.crc32(data)
+        self.out.write(LOCAL.pack(SIG_LOCAL, 20, flags, 0, dtime, ddate, crc, len(data), len(data), len(raw_name), 0))
+        self.out.write(raw_name)
+        self.out.write(data)
+        attr = (stat.S_IFREG | (mode & 0o7777)) << 16
+        self.pos = self.out.tell()
+        self.central.append(CENTRAL.pack(SIG_CENTRAL, MADE_BY_UNIX, 20, flags, 0, dtime, ddate, crc, len(data),
+                                         len(data), len(raw_name), 0, 0, 0, 0, attr, offset) + raw_name)
+
+    def close(self) -> None:
+        self._flush()
+        self.out.seek(self.pos)
+        if len(self.central) >= MAX16:
+            raise WheelError("output: 65535 members or more; kvforge writes plain zip only")
+        cd_offset = self.out.tell()
+        for rec in self.central:
+            self.out.write(rec)
+        cd_size = self.out.tell() - cd_offset
+        if cd_offset > MAX32 or cd_size > MAX32:
+            raise WheelError("output: past 4 GiB; kvforge writes plain zip only")
+        n = len(self.central)
+        self.out.write(EOCD.pack(SIG_EOCD, 0, 0, n, n, cd_size, cd_offset, 0))
+
+
+def _copy_range(src, dst, start: int, length: int) -> None:
+    dst.flush()
+    copy = getattr(os, "copy_file_range", None)
+    if copy is not None:
+        sfd, dfd = src.fileno(), dst.fileno()
+        pos, left = start, length
+        dst_pos = dst.tell()
+        try:
+            while left:
+                n = copy(sfd, dfd, left, pos, dst_pos)
+                if n == 0:
+                    raise WheelError("input: ended before a member's data (truncated?)")
+                pos, left, dst_pos = pos + n, left - n, dst_pos + n
+            dst.seek(dst_pos)
+            return
+        except OSError:  # not supported between these files: fall back to read/write from where it stopped
+            dst.seek(dst_pos)
+            start, length = pos, left
+    src.seek(start)
+    left = length
+    while left:
+        chunk = src.read(min(left, 1 << 22))
+        if not chunk:
+            raise WheelError("input: ended before a member's data (truncated?)")
+        dst.write(chunk)
+        left -= len(chunk)
+
+
+# ---------------------------------------------------------------- RECORD
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def parse_record(text: str, where: str) -> dict[str, tuple[str, str]]:
+    """RECORD -> {path: (hash, size)}; paths are checked like member names."""
+    out: dict[str, tuple[str, str]] = {}
+    for row in csv.reader(io.StringIO(text)):
+        if not row:
+            continue
+        if len(row) != 3:
+            raise WheelError(f"{where}: RECORD line {row!r} does not have 3 fields")
+        path, digest, size = row
+        if not path.startswith("../"):  # pip writes installed scripts as ../../bin/NAME
+            check_name(path, f"{where} RECORD")
+        out[path] = (digest, size)
+    return out
+
+
+def format_record(rows: list[tuple[str, str, str]]) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for row in rows:
+        w.writerow(row)
+    return buf.getvalue().encode("utf-8")
+
+
+def wheel_sort_key(name: str, dist_info: str) -> tuple:
+    """Package files by name, then the .dist-info directory, RECORD last (as wheel builders do)."""
+    in_info = name.startswith(dist_info + "/")
+    return (in_info, name == f"{dist_info}/RECORD", name)

@@ -1,0 +1,294 @@
+"""kvforge matrix: CI jobs as data, the GitHub workflow and Buildkite pipelines that consume them,
+validated with check-jsonschema's vendored schemas and actionlint, and the CPU job run for real."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import git
+
+from kvforge.cache import default_cache_dir
+from kvforge.cli import main
+
+# Resolved at import, before fixtures point $KVFORGE_CACHE at a throw-away cache.
+ENVS = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "envs")
+USER_CACHE = default_cache_dir()
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOW = REPO / "ci" / "github" / "kvforge.yml"
+BOOTSTRAP = REPO / "ci" / "buildkite" / "pipeline.yml"
+PATCH = REPO / "patches" / "v0.20.2rc" / "0001-two-phase-kv-alloc.patch"
+
+TARGET = """\
+name = "{name}"
+
+[[components]]
+name = "vllm"
+repo = "https://invalid.invalid/vllm.git"
+ref = "v0.20.2"
+series = "patches/{name}"
+platforms = {platforms}
+
+[components.release]
+package = "vllm"
+version = "0.20.2"
+{wheel}
+[components.tests]
+{tests}
+"""
+WHEEL = """
+[components.wheel]
+filename = "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
+sha256 = "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"
+"""
+
+
+def write_target(root: Path, name: str, platforms: list[str], wheel: bool, patch: bool) -> None:
+    tests = "\n".join(f'{p} = ["tests/v1/core/test_kv_cache_utils.py"]' for p in platforms)
+    (root / "targets" / f"{name}.toml").write_text(TARGET.format(name=name, platforms=json.dumps(platforms),
+                                                                 wheel=WHEEL if wheel else "", tests=tests))
+    series = root / "patches" / name
+    series.mkdir(parents=True, exist_ok=True)
+    if patch:
+        shutil.copy(PATCH, series / PATCH.name)
+    (series / "series").write_text(f"{PATCH.name}\n" if patch else "")
+
+
+@pytest.fixture()
+def proj(tmp_path, monkeypatch):
+    """Targets a (cpu, cuda, npu; a wheel pin; one real patch) and b (cpu only, empty series), in git."""
+    root = tmp_path / "proj"
+    (root / "targets").mkdir(parents=True)
+    write_target(root, "a", ["cpu", "cuda", "npu"], wheel=True, patch=True)
+    write_target(root, "b", ["cpu"], wheel=False, patch=False)
+    (root / "kvforge").mkdir()
+    (root / "kvforge" / "x.py").write_text("x = 1\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "start")
+    monkeypatch.setenv("KVFORGE_ROOT", str(root))
+    monkeypatch.chdir(root)
+    return root
+
+
+def matrix(*args: str, code: int = 0):
+    res = CliRunner().invoke(main, ["matrix", *args])
+    assert res.exit_code == code, res.output
+    return res
+
+
+def matrix_json(*args: str) -> dict:
+    return json.loads(matrix("--format", "json", *args).stdout)
+
+
+def tool(name: str) -> str:
+    """A validator installed with kvforge's test extra (next to this python), else skip saying why."""
+    path = Path(sys.executable).parent / name
+    found = str(path) if path.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed (pip install -e '.[test]' installs it); cannot validate here")
+    return found
+
+
+def yaml():
+    ruamel = pytest.importorskip("ruamel.yaml", reason="ruamel.yaml comes with check-jsonschema (test extra)")
+    y = ruamel.YAML(typ="rt")
+    y.width = 4096
+    return y
+
+
+# ---------------------------------------------------------------- the jobs
+
+def test_jobs_are_targets_x_kinds_and_each_command_is_kvforge(proj):
+    doc = matrix_json()
+    jobs = {j["id"]: j for j in doc["jobs"]}
+    assert sorted(jobs) == ["build-a-vllm", "cpu-a-vllm", "cpu-b-vllm", "cuda-a-vllm", "npu-a-vllm"]
+    assert all(j["command"].startswith("kvforge ") for j in jobs.values())
+    assert jobs["build-a-vllm"]["command"] == "kvforge build --target a --out dist/a"
+    assert jobs["cpu-b-vllm"]["command"] == "kvforge verify --target b"
+    cuda, npu = jobs["cuda-a-vllm"], jobs["npu-a-vllm"]
+    assert cuda["needs"] == ["build-a-vllm"] and "--wheel dist/a --platform cuda" in cuda["command"]
+    assert "pip install dist/a/*.whl" in "\n".join(cuda["setup"]) and cuda["artifact"] == "wheel-a-vllm"
+    assert "VLLM_TARGET_DEVICE=empty" in "\n".join(npu["setup"]) and "vllm-ascend" in "\n".join(npu["setup"])
+    assert npu["command"].startswith("kvforge test --target a --platform npu") and npu["container"]
+    # Generated, never run: nothing reports the hardware jobs as passed.
+    assert {j["id"]: j["runs_here"] for j in jobs.values() if not j["runs_here"]} == {"cuda-a-vllm": False,
+                                                                                     "npu-a-vllm": False}
+    assert "never reported as passed" in doc["not_run"]
+    assert "tests/v1/core/test_kvforge_two_phase_kv_alloc.py" in cuda["source_files"]
+    assert any(s.startswith("tests/v1/core/test_kvforge_two_phase_kv_alloc.py::") for s in cuda["selection"])
+    # Runner labels are platforms.py's defaults unless --runs-on says otherwise.
+    from kvforge.platforms import PLATFORMS
+
+    assert cuda["runs_on"] == list(PLATFORMS["cuda"].labels("github"))
+    doc = matrix_json("--runs-on", "npu=linux-aarch64-a2b3-1", "--kind", "npu")
+    assert [j["runs_on"] for j in doc["jobs"]] == [["linux-aarch64-a2b3-1"]]
+    matrix("--runs-on", "gpu=x", code=2)
+    table = matrix().stdout
+    assert "no (cuda runner)" in table and "never run or reported as passed" in table
+
+
+def test_shards_and_the_github_256_job_limit(proj):
+    doc = matrix_json("--cuda-shards", "3")
+    assert [j["command"].split("--shard ")[-1] for j in doc["jobs"] if j["kind"] == "cuda"] == ["1/3", "2/3", "3/3"]
+    res = matrix("--format", "github", "--cuda-shards", "257", code=2)
+    assert "at most 256" in res.stderr
+    res = matrix("--json", "--cuda-shards", "0", code=2)
+    assert json.loads(res.stdout)["exit"] == 2
+
+
+def test_changed_since_selects_the_targets_whose_series_or_file_changed(proj):
+    assert {t["target"] for t in matrix_json("--changed-since", "HEAD")["targets"] if t["selected"]} == set()
+    (proj / "patches" / "b" / "series").write_text("\n")
+    assert [j["target"] for j in matrix_json("--changed-since", "HEAD")["jobs"]] == ["b"]
+    git(proj, "commit", "-q", "-am", "b")
+    (proj / "patches" / "a" / "new.patch").write_text("untracked\n")
+    doc = matrix_json("--changed-since", "HEAD~1")
+    assert {t["target"]: t["reason"] for t in doc["targets"] if t["selected"]} == {
+        "a": "patches/a/new.patch changed", "b": "patches/b/series changed"}
+    (proj / "patches" / "a" / "new.patch").unlink()
+    (proj / "targets" / "a.toml").write_text((proj / "targets" / "a.toml").read_text() + "\n")
+    assert {j["target"] for j in matrix_json("--changed-since", "HEAD")["jobs"]} == {"a"}
+    git(proj, "checkout", "-q", "--", "targets/a.toml")
+    (proj / "kvforge" / "x.py").write_text("x = 2\n")  # kvforge itself: every target
+    assert {j["target"] for j in matrix_json("--changed-since", "HEAD")["jobs"]} == {"a", "b"}
+    res = matrix("--format", "json", "--changed-since", "no-such-rev", code=2)
+    assert "no such revision" in json.loads(res.stdout)["error"]
+
+
+# ---------------------------------------------------------------- GitHub Actions
+
+def github_matrices(*args: str) -> dict[str, dict]:
+    out = {}
+    for line in matrix("--format", "github", *args).stdout.splitlines():
+        key, _, value = line.partition("=")
+        out[key] = json.loads(value) if not key.startswith("has_") else value
+    return out
+
+
+def test_github_outputs_one_matrix_per_kind(proj):
+    m = github_matrices()
+    assert set(m) == {f"{p}{k}" for k in ("build", "cpu", "cuda", "npu") for p in ("", "has_")}
+    assert [e["id"] for e in m["cpu"]["include"]] == ["cpu-a-vllm", "cpu-b-vllm"]
+    assert m["has_npu"] == "true" and all(len(m[k]["include"]) <= 256 for k in ("build", "cpu", "cuda", "npu"))
+    assert "\n" in m["cuda"]["include"][0]["setup"]  # run: executes each line (bash -e)
+
+
+def test_workflow_passes_the_github_workflow_schema_and_actionlint():
+    subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+                   check=True, capture_output=True)
+    res = subprocess.run([tool("actionlint"), "-no-color", str(WORKFLOW)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_workflow_with_the_generated_matrix_inlined_passes_both(proj, tmp_path):
+    """fromJSON replaced by this project's real matrix: actionlint then checks every matrix.X the jobs use."""
+    y = yaml()
+    wf = y.load(WORKFLOW.read_text())
+    m = github_matrices()
+    for kind in ("build", "cpu", "cuda", "npu"):
+        assert "fromJSON(needs.plan.outputs." + kind in wf["jobs"][kind]["strategy"]["matrix"]
+        wf["jobs"][kind]["strategy"]["matrix"] = m[kind]
+    out = tmp_path / "kvforge.yml"
+    buf = io.StringIO()
+    y.dump(wf, buf)
+    out.write_text(buf.getvalue())
+    subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(out)], check=True,
+                   capture_output=True)
+    res = subprocess.run([tool("actionlint"), "-no-color", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # ... and a matrix missing a key a job uses is caught, so the check above means something.
+    del wf["jobs"]["cpu"]["strategy"]["matrix"]["include"][0]["command"]
+    for e in wf["jobs"]["cpu"]["strategy"]["matrix"]["include"]:
+        e.pop("command", None)
+    buf = io.StringIO()
+    y.dump(wf, buf)
+    out.write_text(buf.getvalue())
+    res = subprocess.run([tool("actionlint"), "-no-color", str(out)], capture_output=True, text=True)
+    assert res.returncode != 0 and "command" in res.stdout
+
+
+# ---------------------------------------------------------------- Buildkite
+
+def test_buildkite_pipeline_passes_buildkites_schema(proj, tmp_path):
+    out = tmp_path / "pipeline.yml"
+    out.write_text(matrix("--format", "buildkite", "--cuda-shards", "2").stdout)
+    doc = yaml().load(out.read_text())
+    keys = [s["key"] for s in doc["steps"]]
+    assert keys == ["build-a-vllm", "cpu-a-vllm", "cuda-a-vllm-1of2", "cuda-a-vllm-2of2", "npu-a-vllm", "cpu-b-vllm"]
+    cuda = doc["steps"][2]
+    assert cuda["depends_on"] == ["build-a-vllm"] and cuda["agents"] == {"queue": "gpu_1_queue"}
+    assert cuda["commands"][0].startswith("buildkite-agent artifact download")
+    assert list(doc["steps"][0]["if_changed"]) == ["targets/a.toml", "patches/a/**", "kvforge/**", "pyproject.toml"]
+    for path in (out, BOOTSTRAP):
+        res = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.buildkite", str(path)],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+    bad = tmp_path / "bad.yml"
+    bad.write_text(out.read_text().replace("timeout_in_minutes:", "device: l4\n    timeout_in_minutes:", 1))
+    res = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.buildkite", str(bad)],
+                         capture_output=True, text=True)
+    assert res.returncode != 0  # vLLM's own keys are not Buildkite's: hence two formats
+
+
+def test_vllm_format_uses_vllms_own_step_keys(proj):
+    """Steps for a vLLM fork: only keys and devices vLLM 0.33.0's own .buildkite/test_areas steps use."""
+    import tarfile
+
+    from kvforge.bases import download_sdist
+    from kvforge.cache import Cache
+    from kvforge.targets import load_target
+
+    comp = load_target("main", REPO).component()  # the newest release: the format vLLM's CI uses now
+    sdist = download_sdist(comp, Cache(USER_CACHE), print)
+    y = yaml()
+    theirs, devices = set(), set()
+    with tarfile.open(sdist) as tar:
+        for member in tar:
+            if "/.buildkite/test_areas/" in member.name and member.name.endswith(".yaml"):
+                doc = y.load(tar.extractfile(member).read().decode())
+                for step in (doc or {}).get("steps") or []:
+                    theirs |= set(step)
+                    devices.add(step.get("device"))
+    assert {"label", "key", "device", "source_file_dependencies", "commands"} <= theirs
+    matrix("--format", "buildkite-vllm", code=2)  # one fork, one target
+    ours = y.load(matrix("--format", "buildkite-vllm", "--target", "a").stdout)
+    assert set(ours) == {"group", "depends_on", "steps"}
+    assert [s["device"] for s in ours["steps"]] == ["cpu-small", "l4", "ascend_npu"]
+    for step in ours["steps"]:
+        assert set(step) <= theirs, set(step) - theirs
+        assert "vllm/v1/core/kv_cache_coordinator.py" in step["source_file_dependencies"]
+        assert step["commands"][0].startswith("pytest -v -s v1/core/test_kv_cache_utils.py")
+    assert {"cpu-small", "l4"} <= devices
+
+
+# ---------------------------------------------------------------- the CPU job, run for real
+
+@pytest.mark.slow
+def test_the_cpu_job_from_the_matrix_runs(project, base_v0202, monkeypatch):
+    """`kvforge matrix --format json`'s cpu job for a target on the real 0.20.2 base, run as CI runs it."""
+    cache, _base = base_v0202
+    ENVS.mkdir(parents=True, exist_ok=True)
+    if not (cache.root / "envs").exists():
+        (cache.root / "envs").symlink_to(ENVS, target_is_directory=True)
+    monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
+    sel = '["tests/v1/core/test_kv_cache_utils.py::test_free_kv_cache_block_queue_initialization"]'
+    text = (project / "targets" / "t.toml").read_text().replace('["tests/v1/core/test_kv_cache_utils.py"]', sel)
+    (project / "targets" / "t.toml").write_text(text)
+    jobs = matrix_json("--kind", "cpu")["jobs"]
+    assert [j["id"] for j in jobs] == ["cpu-t-vllm"] and jobs[0]["runs_here"]
+    argv = shlex.split(jobs[0]["command"])
+    assert argv[0] == "kvforge"
+    res = subprocess.run([sys.executable, "-m", "kvforge.cli", *argv[1:], "--json"], capture_output=True, text=True,
+                         cwd=project, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    report = json.loads(res.stdout)
+    assert report["ok"] and report["regression"]["passed"] == 1
