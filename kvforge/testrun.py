@@ -222,11 +222,21 @@ def parse_junit(path: Path) -> tuple[list[Case], dict[str, list[str]]]:
             for kind, label in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")):
                 el = tc.find(kind)
                 if el is not None:
-                    outcome, message = label, (el.get("message") or "").strip().splitlines()[0:1]
-                    message = message[0][:200] if message else ""
+                    outcome, message = label, first_line(el)
                     break
             cases.append(Case(nodeid, outcome, float(tc.get("time") or 0.0), message))
     return cases, props
+
+
+def first_line(el: ET.Element) -> str:
+    """The one line that says why: the message, or for pytest's generic "collection failure" the last
+    `E   ` line of the report (e.g. the ImportError a test module raised)."""
+    message = (el.get("message") or "").strip().splitlines()[:1]
+    message = message[0] if message else ""
+    if message in ("", "collection failure"):
+        errs = [ln[1:].strip() for ln in (el.text or "").splitlines() if ln.startswith("E ")]
+        message = errs[-1] if errs else message
+    return message[:200]
 
 
 def parse_junit_into(result: RunResult, path: Path) -> None:

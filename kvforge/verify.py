@@ -13,6 +13,7 @@ pytest runs once per tree state with every node needed there (patch N's "after" 
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -36,6 +37,7 @@ class CheckResult:
     before_how: str = "in tree"  # in tree | from the patch (its new test file on the old tree) | absent
     before_message: str = ""  # why it failed before (the evidence), or "" when it passed
     after_message: str = ""
+    before_kind: str | None = None  # behaviour | absent-api | absent-test; None when it did not fail
 
 
 @dataclass
@@ -53,6 +55,9 @@ class PatchVerdict:
     @property
     def ok(self) -> bool:
         return self.status in ("proven", "pass-to-pass")
+
+    def behaviour_before(self) -> int:
+        return sum(c.before_kind == "behaviour" for c in self.checks)
 
     def fail_before(self) -> tuple[int, int]:
         return sum(c.before in ("failed", "error", "missing") for c in self.checks), len(self.checks)
@@ -84,6 +89,7 @@ class VerifyReport:
         data = asdict(self)
         for p, v in zip(data["patches"], self.patches):
             p["fail_before"], p["pass_after"] = list(v.fail_before()), list(v.pass_after())
+            p["behaviour_before"] = v.behaviour_before()
         return data
 
     def problems(self) -> list[str]:
@@ -127,8 +133,9 @@ def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_b
     for node in patch.checks:
         b = before.outcome(node)
         how = "from the patch" if node.split("::", 1)[0] in overlaid else ("absent" if b == "missing" else "in tree")
+        message = before.message_of(node)
         v.checks.append(CheckResult(node, b, after.outcome(node), before.seconds_of(node), after.seconds_of(node),
-                                    how, before.message_of(node), after.message_of(node)))
+                                    how, message, after.message_of(node), before_kind=fail_kind(b, message)))
     not_after = [c for c in v.checks if c.after != "passed"]
     not_before = [c for c in v.checks if c.before not in ("failed", "error", "missing")]
     if not_after:
@@ -139,9 +146,35 @@ def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_b
         v.reason = "; ".join(f"{c.node} already {VERB[c.before]} before the patch" for c in not_before)
         if in_base:
             v.reason += " (the patch is already in the base)"
+    elif not any(c.before_kind == "behaviour" for c in v.checks):
+        v.status = "unproven"
+        v.reason = ("no Checks test fails before the patch for a behavioural reason: each fails only because "
+                    "the API or the test is not there yet (" + "; ".join(
+                        f"{c.node.split('::')[-1]}: {c.before_message or c.before_kind}" for c in v.checks[:3]) + ")")
     else:
         v.status = "proven"
     return v
+
+
+# A fail-before that only shows the interface is new: the import, attribute, keyword, config field or
+# command-line option the test uses does not exist yet. It proves the API is new, not that behaviour
+# changed. An AttributeError on None is a behaviour (a bug's symptom), not a missing API.
+ABSENT_API = re.compile(
+    r"^(ImportError|ModuleNotFoundError|NameError)\b|cannot import name|No module named"
+    r"|^AttributeError: (?!'NoneType').*has no attribute|unexpected keyword argument"
+    r"|validation error for \w+Config|Extra inputs are not permitted|^SystemExit: 2\b"
+    r"|^fixture '.*' not found")
+
+
+def fail_kind(before: str | None, message: str) -> str | None:
+    """Why a Checks test did not pass before its patch: behaviour | absent-api | absent-test (None: it passed)."""
+    if before == "missing":
+        return "absent-test"
+    if before not in ("failed", "error"):
+        return None
+    if message.startswith("collection error"):
+        message = message.split(": ", 1)[-1]
+    return "absent-api" if ABSENT_API.search(message.strip()) else "behaviour"
 
 
 def verify_target(ctx) -> VerifyReport:
@@ -238,13 +271,19 @@ def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str]
                 if p.checks and all(c.before == "missing" for c in p.checks):
                     fb = f"{len(p.checks)}/{len(p.checks)} (absent)"
                 pa = _frac(p.pass_after(), sum(c.after_seconds for c in p.checks))
+                kinds = [c.before_kind for c in p.checks if c.before_kind]
+                why = ", ".join(f"{kinds.count(k)} {k}" for k in ("behaviour", "absent-api", "absent-test")
+                                if kinds.count(k)) or "-"
                 status = p.status + (" (in base)" if p.in_base else "")
-                rows.append([p.n, p.name, p.kind, fb, pa, status])
-            echo(table(["#", "patch", "kind", "fail-before", "pass-after", "result"], rows))
+                rows.append([p.n, p.name, p.kind, fb, why, pa, status])
+            echo(table(["#", "patch", "kind", "fail-before", "why it failed before", "pass-after", "result"], rows))
         else:
             echo("nothing to prove: the series is empty")
         if any(c.before_how == "from the patch" for p in report.patches for c in p.checks):
             echo("fail-before: a Checks file a patch adds is run on the tree before that patch (old code, new test)")
+        if any(c.before_kind for p in report.patches for c in p.checks):
+            echo("why: behaviour = an assertion about vLLM's behaviour failed; absent-api = the API the test uses does "
+                 "not exist yet (import/attribute/keyword); a fix needs at least one behaviour")
         for p in report.patches:
             if not p.ok:
                 echo(f"  {p.n}: {p.reason}")

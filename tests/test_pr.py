@@ -79,9 +79,14 @@ FACTOR_FIX = {
     "vllm/__init__.py": ("", ""),
     "vllm/envs.py": ("", 'import os\n\nenvironment_variables = {\n'
                          '    "VLLM_FAKE_FACTOR": lambda: int(os.getenv("VLLM_FAKE_FACTOR", "2")),\n}\n'),
-    "tests/test_kvforge_factor.py": ("", "from vllm.envs import environment_variables\n\n\n"
-                                         "def test_factor_from_env():\n"
-                                         "    assert environment_variables[\"VLLM_FAKE_FACTOR\"]() == 2\n"),
+    "vllm_like/core.py": ("def double(x):\n    return 2 * x",
+                          "def double(x):\n    from vllm.envs import environment_variables\n\n"
+                          "    return environment_variables[\"VLLM_FAKE_FACTOR\"]() * x"),
+    # Behavioural: on the old code double() ignores the setting (4 != 6), not just a missing import.
+    "tests/test_kvforge_factor.py": ("", "from vllm_like.core import double\n\n\n"
+                                         "def test_factor_from_env(monkeypatch):\n"
+                                         "    monkeypatch.setenv(\"VLLM_FAKE_FACTOR\", \"3\")\n"
+                                         "    assert double(2) == 6\n"),
 }
 
 
@@ -148,8 +153,8 @@ def fixture_verify(fake, key: evidence.Key, passed: int = 7, first_before: str =
                         "from the patch", "AssertionError: assert 5 == 3\nmore lines"),
             CheckResult("tests/test_core.py::test_clamp_in_core", "missing", "passed", 0, 0.01, "absent")]),
         PatchVerdict(2, "0002-fake-factor.patch", "fake-factor", "fix", "proven", checks=[
-            CheckResult("tests/test_kvforge_factor.py::test_factor_from_env", "error", "passed", 0.01, 0.01,
-                        "from the patch", "collection error: ModuleNotFoundError: No module named 'vllm'")]),
+            CheckResult("tests/test_kvforge_factor.py::test_factor_from_env", "failed", "passed", 0.01, 0.01,
+                        "from the patch", "AssertionError: assert 4 == 6", before_kind="behaviour")]),
     ]
     report.regression = {"selection": ["tests/test_core.py"], "checks": ["a", "b", "c"], "passed": passed,
                          "failed": 0, "errors": 0, "skipped": 1, "ok": True, "reason": ""}

@@ -175,18 +175,21 @@ def test_checks_that_fail_after_the_patch_are_failing(fake):
     assert "1 failing" in errline(res)
 
 
-def test_collection_error_before_counts_as_failing_and_test_patches_are_pass_to_pass(fake):
+def test_collection_error_before_is_absent_api_and_test_patches_are_pass_to_pass(fake):
+    """The test exists (patch 1 adds it) and fails before patch 2 only with an ImportError: that shows
+    the API is new, not that behaviour changed, so patch 2 is unproven."""
     triple_test = "from vllm_like.core import triple\n\n\ndef test_triple():\n    assert triple(2) == 6\n"
     c1 = fake.patch("0001-triple-test", {"tests/test_kvforge_triple.py": ("", triple_test)}, kind="test")
     fake.patch("0002-triple", {CORE: ("def clamp(", "def triple(x):\n    return 3 * x\n\n\ndef clamp(")},
                checks=("tests/test_kvforge_triple.py::test_triple",), start=c1)
     fake.series("0001-triple-test", "0002-triple")
     res = kvforge("verify", "--target", "fake", "--json")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 4, res.output
     p1, p2 = json.loads(res.stdout)["patches"]
     assert p1["status"] == "pass-to-pass" and p1["checks"] == []
-    assert p2["status"] == "proven" and p2["checks"][0]["before"] == "error"  # ImportError at collection
-    assert p2["checks"][0]["before_message"].startswith("collection error")
+    assert p2["status"] == "unproven" and p2["checks"][0]["before"] == "error"  # ImportError at collection
+    assert p2["checks"][0]["before_message"].startswith("collection error: ImportError: cannot import name 'triple'")
+    assert p2["checks"][0]["before_kind"] == "absent-api"
 
 
 def test_empty_series_has_nothing_to_prove(fake):
@@ -370,3 +373,42 @@ def test_from_a_tree_without_the_base_is_refused(fake, tmp_path):
     res = kvforge("verify", "-t", "fake", "--from", str(other), "--json")
     assert res.exit_code == 2
     assert "does not contain the base commit" in json.loads(res.stdout)["error"]
+
+
+def test_a_fix_whose_checks_fail_before_only_for_a_missing_api_is_unproven(fake):
+    """An ImportError before the patch proves the API is new, not that behaviour changed."""
+    fake.patch("0001-add-triple", {CORE: ("def clamp(", "def triple(x):\n    return 3 * x\n\n\ndef clamp("),
+                                   "tests/test_kvforge_triple.py": ("", "from vllm_like.core import triple\n\n\n"
+                                                                        "def test_triple():\n    assert triple(2) == 6\n")},
+               checks=("tests/test_kvforge_triple.py::test_triple",))
+    fake.series("0001-add-triple")
+    res = kvforge("verify", "-t", "fake", "--json")
+    assert res.exit_code == 4, res.output
+    patch = json.loads(res.stdout)["patches"][0]
+    assert patch["status"] == "unproven" and patch["behaviour_before"] == 0
+    assert patch["checks"][0]["before_kind"] == "absent-api"
+    assert "behavioural reason" in patch["reason"] and "triple" in patch["reason"]
+
+
+def test_a_behavioural_fail_before_is_named_in_the_report(fake):
+    fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.series("0001-clamp-upper")
+    res = kvforge("verify", "-t", "fake")
+    assert res.exit_code == 0, res.output
+    assert "1 behaviour, 1 absent-test" in res.output and "why it failed before" in res.output
+
+
+def test_fail_kinds():
+    from kvforge.verify import fail_kind
+
+    assert fail_kind("failed", "AssertionError: assert [3, 4] == [1, 2]") == "behaviour"
+    assert fail_kind("error", "collection error: ImportError: cannot import name 'x' from 'vllm'") == "absent-api"
+    assert fail_kind("failed", "TypeError: KVCacheManager.__init__() got an unexpected keyword argument 'y'") \
+        == "absent-api"
+    assert fail_kind("failed", "AttributeError: 'FreeKVCacheBlockQueue' object has no attribute 'prepend_n'") \
+        == "absent-api"
+    assert fail_kind("failed", "AttributeError: 'NoneType' object has no attribute 'block_id'") == "behaviour"
+    assert fail_kind("failed", "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig") \
+        == "absent-api"
+    assert fail_kind("failed", "SystemExit: 2") == "absent-api"
+    assert fail_kind("missing", "") == "absent-test" and fail_kind("passed", "") is None
