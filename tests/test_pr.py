@@ -596,10 +596,24 @@ def test_commit_message_becomes_markdown():
 def test_every_real_v0202_fix_gets_a_description_in_both_styles(project, base_v0202):
     """The real v0.20.2rc patches on the real vLLM 0.20.2 base (its own PR template); no evidence in
     this test cache, so each text says so."""
+    _cache, base = base_v0202
+    # The session cache is shared: evidence other tests recorded for target t is set aside here.
+    results = _cache.results / "t"
+    aside = _cache.results / ".t-aside-pr-test"
+    if results.exists():
+        results.rename(aside)
+    try:
+        _real_fixes_get_descriptions(project, base)
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+        if aside.exists():
+            aside.rename(results)
+
+
+def _real_fixes_get_descriptions(project, base):
     from kvforge import gitutil
     from kvforge.targets import project_root
 
-    _cache, base = base_v0202
     # kvforge's packaged copy is the sdist's own file, byte for byte.
     sdist_template = gitutil.run(base.repo, "show", f"{base.commit}:.github/PULL_REQUEST_TEMPLATE.md", binary=True)
     assert sdist_template.stdout == (UPSTREAM / "vllm-0.20.2.PULL_REQUEST_TEMPLATE.md").read_bytes()
