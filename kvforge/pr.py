@@ -538,10 +538,12 @@ def verify_data(rec: evidence.Record | None, state: str, target: str, fix_id: st
 def _verdict(p: dict) -> dict:
     fb, pa = p.get("fail_before") or [0, 0], p.get("pass_after") or [0, 0]
     return {"n": p.get("n"), "name": p.get("name"), "status": p.get("status"), "reason": p.get("reason", ""),
+            "behaviour_before": p.get("behaviour_before"),
             "in_base": bool(p.get("in_base")), "fail_before": list(fb), "pass_after": list(pa),
             "checks": [{"node": c.get("node"), "test": c.get("node", "").rsplit("/", 1)[-1],
                         "before": c.get("before") or "not run", "after": c.get("after") or "not run",
                         "before_how": c.get("before_how", ""), "before_message": first_line(c.get("before_message")),
+                        "before_kind": c.get("before_kind") or "",
                         "after_message": first_line(c.get("after_message"))}
                        for c in p.get("checks", [])]}
 

@@ -29,7 +29,7 @@ from kvforge.bench.prefix_cache import aggregate, goals
 from kvforge.cache import Cache
 from kvforge.errors import KvforgeError
 from kvforge.series import read_series
-from kvforge.verify import CheckResult, PatchVerdict, VerifyReport
+from kvforge.verify import CheckResult, PatchVerdict, VerifyReport, fail_kind
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPSTREAM = Path(pr.__file__).resolve().parent / "data" / "templates" / "upstream"
@@ -150,8 +150,10 @@ def fixture_verify(fake, key: evidence.Key, passed: int = 7, first_before: str =
     report.patches = [
         PatchVerdict(1, "0001-clamp-upper.patch", "clamp-upper", "fix", "proven", checks=[
             CheckResult("tests/test_kvforge_clamp.py::test_clamp_upper", first_before, "passed", 0.01, 0.01,
-                        "from the patch", "AssertionError: assert 5 == 3\nmore lines"),
-            CheckResult("tests/test_core.py::test_clamp_in_core", "missing", "passed", 0, 0.01, "absent")]),
+                        "from the patch", "AssertionError: assert 5 == 3\nmore lines",
+                        before_kind=fail_kind(first_before, "AssertionError: assert 5 == 3")),
+            CheckResult("tests/test_core.py::test_clamp_in_core", "missing", "passed", 0, 0.01, "absent",
+                        before_kind="absent-test")]),
         PatchVerdict(2, "0002-fake-factor.patch", "fake-factor", "fix", "proven", checks=[
             CheckResult("tests/test_kvforge_factor.py::test_factor_from_env", "failed", "passed", 0.01, 0.01,
                         "from the patch", "AssertionError: assert 4 == 6", before_kind="behaviour")]),
@@ -332,7 +334,7 @@ def test_real_verify_evidence_feeds_the_pr(series):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     body = data["body"]
-    assert "Fail-before 2/2, pass-after 2/2: **proven**" in body
+    assert "Fail-before 2/2 (1 for a behavioural reason), pass-after 2/2: **proven**" in body
     assert "`AssertionError: assert 5 == 3`" in body or "`assert 5 == 3`" in body  # the real failure before
     reg = report["regression"]
     assert f"{reg['passed']} passed, {reg['failed']} failed" in body
