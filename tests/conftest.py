@@ -7,9 +7,12 @@ test cache, so tests never touch a real user cache beyond that one download.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import FAKE_TARGET, FILES, Fake, git
 
 from kvforge.cache import Cache, default_cache_dir
 
@@ -89,3 +92,28 @@ def project(tmp_path, monkeypatch, base_v0202):
     gitutil.run(_base.repo, "worktree", "prune")
     for ref in gitutil.run(_base.repo, "for-each-ref", "--format=%(refname)", "refs/heads").stdout.split():
         gitutil.run(_base.repo, "update-ref", "-d", ref)
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch) -> Fake:
+    """A kvforge project whose target `fake` is a tiny vLLM-like git repository; this interpreter runs its tests."""
+    upstream = tmp_path / "upstream"
+    for rel, text in FILES.items():
+        (upstream / rel).parent.mkdir(parents=True, exist_ok=True)
+        (upstream / rel).write_text(text)
+    git(upstream, "init", "-q")
+    git(upstream, "add", "-A")
+    git(upstream, "commit", "-qm", "v1")
+    git(upstream, "tag", "v1")
+    root = tmp_path / "project"
+    (root / "targets").mkdir(parents=True)
+    (root / "patches" / "fake").mkdir(parents=True)
+    (root / "targets" / "fake.toml").write_text(FAKE_TARGET)
+    (root / "patches" / "fake" / "series").write_text("")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KVFORGE_ROOT", str(root))
+    monkeypatch.setenv("KVFORGE_CACHE", str(cache))
+    monkeypatch.setenv("KVFORGE_VLLM_REPO", str(upstream))
+    monkeypatch.setenv("KVFORGE_OFFLINE", "1")
+    monkeypatch.setenv("KVFORGE_TEST_PYTHON", sys.executable)
+    return Fake(root, upstream, git(upstream, "rev-parse", "HEAD").strip(), cache)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 IDENT = "kvforge <kvforge@users.noreply.github.com>"
@@ -50,3 +51,56 @@ def make_patch(repo: Path, start: str, edits: dict[str, tuple[str, str]], subjec
 
 def write_series(root: Path, *names: str, target: str = "t") -> None:
     (root / "patches" / target / "series").write_text("".join(f"{n}\n" for n in names))
+
+
+# ---------------------------------------------------------------- a tiny vLLM-like upstream (the `fake` fixture)
+
+CORE = "vllm_like/core.py"
+TESTS = "tests/test_core.py"
+
+FILES = {
+    "pyproject.toml": "[tool.pytest.ini_options]\nmarkers = [\"cpu_test\"]\n",
+    "vllm_like/__init__.py": "",
+    CORE: "def double(x):\n    return 2 * x\n\n\ndef clamp(x, lo, hi):\n    return max(lo, x)\n",
+    TESTS: ("from vllm_like.core import double\n\n\ndef test_double():\n    assert double(2) == 4\n\n\n"
+            "def test_double_zero():\n    assert double(0) == 0\n"),
+}
+
+FAKE_TARGET = """\
+name = "fake"
+description = "a vLLM-like tree for kvforge's own tests"
+
+[[components]]
+name = "vllm"
+repo = "https://invalid.invalid/vllm.git"
+ref = "v1"
+series = "patches/fake"
+platforms = ["cpu", "cuda"]
+
+[components.release]
+package = "vllm"
+version = "0.0.1"
+
+[components.tests]
+cpu = ["tests/test_core.py"]
+cuda = ["tests"]
+"""
+
+
+@dataclass
+class Fake:
+    root: Path
+    upstream: Path
+    base: str
+    cache: Path
+
+    def patch(self, name: str, edits: dict, kind: str = "fix", checks: tuple[str, ...] = (), start: str | None = None,
+              subject: str | None = None) -> str:
+        extra = "".join(f"Checks: {c}\n" for c in checks)
+        fix_id = name.split("-", 1)[1]
+        _, commit = make_patch(self.upstream, start or self.base, edits, subject or f"[Core] {fix_id}", fix_id,
+                               self.root / "patches" / "fake" / f"{name}.patch", kind=kind, extra=extra)
+        return commit
+
+    def series(self, *names: str) -> None:
+        write_series(self.root, *(f"{n}.patch" for n in names), target="fake")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_verify import CLAMP_CHECKS, CLAMP_FIX, fake, kvforge  # noqa: F401 (fixture)
+from test_verify import CLAMP_CHECKS, CLAMP_FIX, kvforge
 
 from kvforge import evidence
 from kvforge.cache import Cache

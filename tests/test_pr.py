@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers import IDENT, git
-from test_verify import CLAMP_FIX, errline, fake, kvforge  # noqa: F401 (fixture)
+from test_verify import CLAMP_FIX, errline, kvforge
 
 from kvforge import evidence, pr
 from kvforge.bench.prefix_cache import aggregate, goals

@@ -1,97 +1,21 @@
 """`kvforge test` / `verify` / stacks on a tiny vLLM-like tree: real git, real patches, real pytest runs.
 
-The "upstream" is a small git repository with a package and its pytest tests; the test environment
-is this interpreter ($KVFORGE_TEST_PYTHON), so nothing is built. Each verify spawns one pytest
+The "upstream" (the `fake` fixture, tests/conftest.py and tests/helpers.py) is a small git repository
+with a package and its pytest tests; the test environment is this interpreter ($KVFORGE_TEST_PYTHON),
+so nothing is built. Each verify spawns one pytest
 process per tree state, as it does on vLLM.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
-from helpers import git, make_patch, write_series
+from helpers import CORE, TESTS, git
 
 from kvforge.cli import main
-
-CORE = "vllm_like/core.py"
-TESTS = "tests/test_core.py"
-
-FILES = {
-    "pyproject.toml": "[tool.pytest.ini_options]\nmarkers = [\"cpu_test\"]\n",
-    "vllm_like/__init__.py": "",
-    CORE: "def double(x):\n    return 2 * x\n\n\ndef clamp(x, lo, hi):\n    return max(lo, x)\n",
-    TESTS: ("from vllm_like.core import double\n\n\ndef test_double():\n    assert double(2) == 4\n\n\n"
-            "def test_double_zero():\n    assert double(0) == 0\n"),
-}
-
-TARGET = """\
-name = "fake"
-description = "a vLLM-like tree for kvforge's own tests"
-
-[[components]]
-name = "vllm"
-repo = "https://invalid.invalid/vllm.git"
-ref = "v1"
-series = "patches/fake"
-platforms = ["cpu", "cuda"]
-
-[components.release]
-package = "vllm"
-version = "0.0.1"
-
-[components.tests]
-cpu = ["tests/test_core.py"]
-cuda = ["tests"]
-"""
-
-
-@dataclass
-class Fake:
-    root: Path
-    upstream: Path
-    base: str
-    cache: Path
-
-    def patch(self, name: str, edits: dict, kind: str = "fix", checks: tuple[str, ...] = (), start: str | None = None,
-              subject: str | None = None) -> str:
-        extra = "".join(f"Checks: {c}\n" for c in checks)
-        fix_id = name.split("-", 1)[1]
-        _, commit = make_patch(self.upstream, start or self.base, edits, subject or f"[Core] {fix_id}", fix_id,
-                               self.root / "patches" / "fake" / f"{name}.patch", kind=kind, extra=extra)
-        return commit
-
-    def series(self, *names: str) -> None:
-        write_series(self.root, *(f"{n}.patch" for n in names), target="fake")
-
-
-@pytest.fixture()
-def fake(tmp_path, monkeypatch) -> Fake:
-    upstream = tmp_path / "upstream"
-    for rel, text in FILES.items():
-        (upstream / rel).parent.mkdir(parents=True, exist_ok=True)
-        (upstream / rel).write_text(text)
-    git(upstream, "init", "-q")
-    git(upstream, "add", "-A")
-    git(upstream, "commit", "-qm", "v1")
-    git(upstream, "tag", "v1")
-    root = tmp_path / "project"
-    (root / "targets").mkdir(parents=True)
-    (root / "patches" / "fake").mkdir(parents=True)
-    (root / "targets" / "fake.toml").write_text(TARGET)
-    (root / "patches" / "fake" / "series").write_text("")
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("KVFORGE_ROOT", str(root))
-    monkeypatch.setenv("KVFORGE_CACHE", str(cache))
-    monkeypatch.setenv("KVFORGE_VLLM_REPO", str(upstream))
-    monkeypatch.setenv("KVFORGE_OFFLINE", "1")
-    monkeypatch.setenv("KVFORGE_TEST_PYTHON", sys.executable)
-    return Fake(root, upstream, git(upstream, "rev-parse", "HEAD").strip(), cache)
 
 
 def kvforge(*args: str):
