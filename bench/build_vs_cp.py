@@ -20,7 +20,6 @@ times; `kvforge build` prints it separately ("verify"), and --with-verify runs o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from kvforge import build as kbuild  # noqa: E402
 from kvforge.cache import Cache  # noqa: E402
 from kvforge.context import Context  # noqa: E402
+from kvforge.fsutil import sha256_file  # noqa: E402
 from kvforge.trees import open_stack  # noqa: E402
 from kvforge.wheel import read_members  # noqa: E402
 
@@ -69,14 +69,6 @@ def overlay_like_build(ctx, out: Path) -> tuple[Path, dict]:
     return built, {**secs, "replaced": [c.path for c in changes if c.action in ("replace", "add", "remove")]}
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="v0.20.2rc")
@@ -103,7 +95,7 @@ def main() -> int:
             full.append(time.perf_counter() - t)
             overlay_only.append(secs["overlay"])
             replaced = secs["replaced"]
-            digests.add(sha256(built))
+            digests.add(sha256_file(built))
             shutil.rmtree(out)
         rows["kvforge overlay (writing the wheel)"] = overlay_only
         rows["kvforge build, prepare + overlay"] = full

@@ -50,7 +50,7 @@ from typing import Callable
 from . import gitutil
 from .cache import REF_IMPORT, Cache, write_error
 from .errors import EXIT_ENV, EXIT_NETWORK, KvforgeError
-from .fsutil import crashpoint, file_lock, remove_stale
+from .fsutil import crashpoint, file_lock, remove_stale, sha256_file
 from .targets import Component
 
 IMPORT_IDENT = "kvforge-import <kvforge@users.noreply.github.com>"
@@ -330,14 +330,6 @@ def _move_objects(work: Path, path: Path) -> None:
             (dst / d.name).mkdir(exist_ok=True)
             for obj in d.iterdir():
                 os.replace(obj, dst / d.name / obj.name)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _network_reason(exc: BaseException) -> str:

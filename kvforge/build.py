@@ -67,7 +67,7 @@ from pathlib import Path
 
 from . import gitutil
 from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from .fsutil import remove_stale
+from .fsutil import remove_stale, sha256_file
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
                     read_members, record_hash, wheel_sort_key)
 
@@ -539,7 +539,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         hasher.record()
     try:
         v0 = time.monotonic()
-        result.sha256, result.size = _sha256(built), built.stat().st_size
+        result.sha256, result.size = sha256_file(built), built.stat().st_size
         result.seconds["hash"] = round(time.monotonic() - v0, 3)
         result.verification = verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard)
         result.seconds["verify"] = round(time.monotonic() - v0, 3)
@@ -607,16 +607,6 @@ def _write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change],
     ctx.say(f"wrote {result.filename}: {stats['copied']} members copied as stored, {stats['written']} written "
             f"({len(replace)} replaced, {len(add)} added, {len(remove)} removed) in {time.monotonic() - w0:.2f}s")
     return part, {"prepare": round(prepare, 3), "overlay": round(time.monotonic() - w0, 3)}
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- verification

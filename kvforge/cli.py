@@ -85,6 +85,14 @@ torch_index_option = click.option("--torch-index", metavar="URL",
                                        "default: PyTorch's CPU index, then pip's find-links].")
 
 
+def tree_options(fn):
+    """The options of every command that tests or builds a tree: --from, --python, --torch-index,
+    --source, --repo, --json."""
+    for option in (json_option, repo_option, source_option, torch_index_option, python_option, from_option):
+        fn = option(fn)
+    return fn
+
+
 def cache_option(fn):
     """--cache-dir on the group and on every subcommand, so it works before or after the subcommand."""
 
@@ -369,12 +377,7 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 @click.option("--base/--patched", "on_base", default=False,
               help="Run on the base tree, or on the fully patched tree [default: --patched].")
 @click.option("-k", "keyword", metavar="EXPR", help="Only tests matching this pytest -k expression.")
-@from_option
-@python_option
-@torch_index_option
-@source_option
-@repo_option
-@json_option
+@tree_options
 @click.pass_obj
 @handle_errors
 def test_cmd(cache: Cache, target_name: str, component: str | None, platform_name: str, on_base: bool,
@@ -397,12 +400,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
 @cli.command("verify")
 @target_option
 @component_option
-@from_option
-@python_option
-@torch_index_option
-@source_option
-@repo_option
-@json_option
+@tree_options
 @click.pass_obj
 @handle_errors
 def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: str | None, python: Path | None,
@@ -450,12 +448,7 @@ def _shard_value(_ctx, _param, value):
 @click.option("--tests", "tests_mode", type=click.Choice(["checks", "all"]), default="checks", show_default=True,
               help="Verify with the series' Checks, or with the platform's selection plus the Checks.")
 @click.option("--shard", callback=_shard_value, metavar="K/N", help="Run only the K-th of N parts of the tests.")
-@from_option
-@python_option
-@torch_index_option
-@source_option
-@repo_option
-@json_option
+@tree_options
 @click.pass_obj
 @handle_errors
 def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, mode: str, wheel_path: Path | None,
@@ -578,12 +571,7 @@ def bench_group() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of per-request hit rates, base vs patched (needs matplotlib: kvforge[plot]).")
-@from_option
-@python_option
-@torch_index_option
-@source_option
-@repo_option
-@json_option
+@tree_options
 @click.pass_obj
 @handle_errors
 def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None, scenario_spec: str, scale: float,

@@ -32,10 +32,7 @@ torch comes from) and userenv.py (the user's interpreter); neither imports it at
 
 from __future__ import annotations
 
-import base64
-import csv
 import hashlib
-import io
 import json
 import os
 import platform
@@ -365,13 +362,10 @@ def build_plugin_wheel(where: Path) -> Path:
              f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: kvforge\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     for p in sorted((src / "kvforge_cpu_platform").rglob("*.py")):
         files[str(p.relative_to(src))] = p.read_bytes()
-    record = io.StringIO()
-    writer = csv.writer(record, lineterminator="\n")
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        writer.writerow([path, f"sha256={digest}", len(data)])
-    writer.writerow([f"{dist}.dist-info/RECORD", "", ""])
-    files[f"{dist}.dist-info/RECORD"] = record.getvalue().encode()
+    from .wheel import format_record, record_hash
+
+    rows = [(path, record_hash(data), str(len(data))) for path, data in files.items()]
+    files[f"{dist}.dist-info/RECORD"] = format_record([*rows, (f"{dist}.dist-info/RECORD", "", "")])
     wheel = where / f"{dist}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, data in files.items():

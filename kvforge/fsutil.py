@@ -49,6 +49,17 @@ def file_lock(path: Path, say: Callable[[str], None] | None = None, what: str = 
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks (release archives and wheels are hundreds of MB)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def crashpoint(name: str) -> None:
     """Test hook: when $KVFORGE_CRASH_AT names this step, die here with SIGKILL (no cleanup runs).
 

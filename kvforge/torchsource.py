@@ -29,7 +29,6 @@ all three share (Progress, canonical, _packaging), so the import graph stays a D
 
 from __future__ import annotations
 
-import hashlib
 import html
 import importlib.metadata
 import json
@@ -47,6 +46,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 from .errors import EXIT_ENV, KvforgeError
+from .fsutil import sha256_file
 
 Progress = Callable[[str], None]
 # The index PyTorch documents for CPU wheels (`pip install torch --index-url .../whl/cpu`).
@@ -153,7 +153,7 @@ def _install_from(src: TorchSource, py: Path, version: str, log: Path, say: Prog
         if not wheel.is_file():
             raise SourceFailed("no such file")
         _check_wheel_name(wheel.name, version)
-        digest = _sha256(wheel)
+        digest = sha256_file(wheel)
         _pip_torch(py, ["--no-index", str(wheel)], log)
         return _accept_torch(py, version, src, str(wheel), digest, "sha256 of the file, recorded")
     if src.kind == "index":
@@ -175,17 +175,9 @@ def _install_from(src: TorchSource, py: Path, version: str, log: Path, say: Prog
         wheel = find_torch_wheel(py, version, dirs)
     except KvforgeError:
         raise SourceFailed(f"no torch {version} wheel for {_best_tag()} in {', '.join(map(str, dirs))}") from None
-    digest = _sha256(wheel)
+    digest = sha256_file(wheel)
     _pip_torch(py, ["--no-index", str(wheel)], log)
     return _accept_torch(py, version, src, str(wheel), digest, "sha256 of the file, recorded")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _best_tag() -> str:

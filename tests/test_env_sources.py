@@ -28,6 +28,7 @@ import pytest
 from kvforge import env as kvenv
 from kvforge import torchsource
 from kvforge.errors import EXIT_ENV, KvforgeError
+from kvforge.fsutil import sha256_file
 
 VERSION = "2.13.0"
 
@@ -251,7 +252,7 @@ def test_the_real_torch_wheel_installs_from_a_local_pep503_index(py, tmp_path):
     index = pep503_index(tmp_path / "index", REAL_WHEEL, link=True)  # hard link (or symlink): it is ~190 MB
     got = torchsource.install_torch(py, VERSION, str(index), log_in(tmp_path))
     assert got.kind == "index" and got.version.startswith(VERSION) and "+cpu" in got.version
-    assert got.sha256 == torchsource._sha256(REAL_WHEEL)
+    assert got.sha256 == sha256_file(REAL_WHEEL)
     out = subprocess.run([str(py), "-c", "import importlib.metadata as m; d = m.distribution('torch');"
                           "print(d.version); print(d.read_text('INSTALLER').strip())"],
                          capture_output=True, text=True, check=True).stdout.split()
@@ -277,7 +278,7 @@ def test_a_whole_env_builds_with_torch_from_a_local_index_and_no_find_links(base
     env = kvenv.ensure_env(spec, Cache(tmp_path / "cache"), torch_index=str(index))
     assert env.key == spec.key and not env.reused
     assert env.torch_source["kind"] == "index" and env.torch_source["source"] == f"--torch-index {index}"
-    assert env.torch_source["sha256"] == torchsource._sha256(REAL_WHEEL)
+    assert env.torch_source["sha256"] == sha256_file(REAL_WHEEL)
     assert env.packages["torch"] == env.torch_source["version"] and "+cpu" in env.packages["torch"]
     assert "kvforge-cpu-platform" in env.packages and "transformers" in env.packages
     assert not any(p.lower().startswith("nvidia-") for p in env.packages)
