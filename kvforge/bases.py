@@ -5,6 +5,9 @@ Sources, in order of preference with `--source auto`:
   upstream when it answers; the ref is fetched shallowly and pinned as refs/tags/<ref>;
 - sdist: the PyPI release archive, verified against the sha256 in the target file and imported as
   one commit with a fixed author and date, so the same sdist gives the same commit id everywhere.
+  Its message records the upstream commit the release was built from (`Upstream-Commit-Id:`, read
+  from the sdist's vllm/_version.py `__commit_id__`); a cached import without it (made by an older
+  kvforge) is imported again, so one sdist has one commit id.
 A base already in the cache is used without touching the network.
 
 Crash safety. Invariant: refs/tags/<ref> in repos/<component>-<kind>.git exists only when every
@@ -37,6 +40,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -55,6 +59,7 @@ from .targets import Component
 
 IMPORT_IDENT = "kvforge-import <kvforge@users.noreply.github.com>"
 IMPORT_DATE = "946684800 +0000"  # 2000-01-01T00:00:00Z: fixed, so the commit id depends on content only
+COMMIT_ID_TRAILER = "Upstream-Commit-Id"  # in an sdist import's message: the release's upstream commit
 Progress = Callable[[str], None]
 
 STALE_DOWNLOAD = r"^\..+\.(?P<pid>\d+)\.part$"
@@ -75,6 +80,9 @@ class Base:
     origin: str  # where it came from: the sdist file name + sha256, or the git url
     seconds: float = 0.0  # time spent materialising (0 on a cache hit)
     cached: bool = True
+    # The upstream commit the release was built from, as the sdist records it (vllm/_version.py
+    # `__commit_id__`, abbreviated, e.g. "bc150f502"); for a git base its commit; None when unknown.
+    upstream_commit: str | None = None
 
 
 def pypi_url() -> str:
@@ -157,10 +165,13 @@ def _as_base(component: Component, path: Path, kind: str, commit: str, message: 
         want = component.release.sha256
         if want and f"sha256: {want}" not in message:
             return None  # the target now pins another release: import it afresh
+        if f"\n{COMMIT_ID_TRAILER}: " not in message:
+            return None  # imported by an older kvforge (no upstream commit recorded): import it afresh
         origin = f"{component.release.filename} (sha256 {want or '?'})"
-    else:
-        origin = _git(path, "config", "--get", "kvforge.origin").stdout.strip()
-    return Base(component.name, kind, path, component.ref, commit, origin)
+        return Base(component.name, kind, path, component.ref, commit, origin,
+                    upstream_commit=recorded_upstream_commit(message))
+    origin = _git(path, "config", "--get", "kvforge.origin").stdout.strip()
+    return Base(component.name, kind, path, component.ref, commit, origin, upstream_commit=commit)
 
 
 def _cached(component: Component, cache: Cache, kind: str) -> Base | None:
@@ -281,7 +292,8 @@ def _from_git(component: Component, cache: Cache, path: Path, url: str, say: Pro
     commit, _message, why = _inspect(path, component.ref)
     if not commit:
         raise KvforgeError(f"fetched {component.ref} from {url} into {path}, but git cannot read it: {why}", EXIT_ENV)
-    return Base(component.name, "git", path, component.ref, commit, url, time.monotonic() - start, cached=False)
+    return Base(component.name, "git", path, component.ref, commit, url, time.monotonic() - start, cached=False,
+                upstream_commit=commit)
 
 
 def _from_sdist(component: Component, cache: Cache, path: Path, say: Progress) -> Base:
@@ -296,6 +308,7 @@ def _from_sdist(component: Component, cache: Cache, path: Path, say: Progress) -
         _init_repo(work, borrow=path if existing else None)
         crashpoint("import:started")
         commit = import_archive(work, archive, component, digest)
+        upstream = recorded_upstream_commit(_git(work, "cat-file", "commit", commit, check=True).stdout)
         _git(work, "update-ref", tag, commit, check=True)
         crashpoint("import:tagged")
         if existing:
@@ -312,7 +325,8 @@ def _from_sdist(component: Component, cache: Cache, path: Path, say: Progress) -
     if existing:
         crashpoint("import:cleaned")
     origin = f"{archive.name} (sha256 {digest})"
-    return Base(component.name, "sdist", path, component.ref, commit, origin, time.monotonic() - start, cached=False)
+    return Base(component.name, "sdist", path, component.ref, commit, origin, time.monotonic() - start, cached=False,
+                upstream_commit=upstream)
 
 
 def _move_objects(work: Path, path: Path) -> None:
@@ -437,22 +451,30 @@ def import_archive(repo: Path, archive: Path, component: Component, digest: str)
 
     The tree is built from the archive's members (top directory stripped, sorted, git's two file
     modes), and author, committer, date and message are fixed: the commit id is a function of the
-    archive's content alone, on every machine and with any user git configuration.
+    archive's content alone, on every machine and with any user git configuration. The message
+    records the upstream commit the release was built from (`Upstream-Commit-Id:`, from the
+    sdist's <package>/_version.py `__commit_id__`, or "unknown").
     """
     rel = component.release
-    message = (f"{rel.package} {rel.version}: release source from PyPI\n\n"
-               f"archive: {archive.name}\nsha256: {digest}\nupstream-ref: {component.ref}\n").encode()
     try:
         tar = tarfile.open(archive, "r:*")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise KvforgeError(f"{archive}: not a readable release archive: {exc}", EXIT_NETWORK) from None
     with tar:
+        try:
+            entries = _entries(tar)
+            upstream = sdist_commit_id(tar, entries, rel.package)
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise KvforgeError(f"{archive}: not a readable release archive: {exc}", EXIT_NETWORK) from None
+        message = (f"{rel.package} {rel.version}: release source from PyPI\n\n"
+                   f"archive: {archive.name}\nsha256: {digest}\nupstream-ref: {component.ref}\n"
+                   f"{COMMIT_ID_TRAILER}: {upstream or 'unknown'}\n").encode()
         # unpackLimit=0: always one pack (never loose objects), so an import moves in as whole files.
         proc = gitutil.popen(repo.parent, "-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", "--done",
                              "--force", env={"GIT_DIR": str(repo)})
         try:
             try:
-                _stream(tar, proc.stdin.write, message)
+                _stream(tar, entries, proc.stdin.write, message)
                 proc.stdin.close()
             except BrokenPipeError:
                 pass  # fast-import stopped reading: its status and stderr say why
@@ -483,7 +505,8 @@ def import_archive(repo: Path, archive: Path, component: Component, digest: str)
     return res.stdout.strip()
 
 
-def _stream(tar: tarfile.TarFile, w: Callable[[bytes], object], message: bytes) -> None:
+def _entries(tar: tarfile.TarFile) -> list[tuple[str, tarfile.TarInfo]]:
+    """The archive's files as (path without the top directory, member), sorted by path."""
     entries = []
     for m in tar.getmembers():
         if not (m.isfile() or m.issym() or m.islnk()):
@@ -493,6 +516,36 @@ def _stream(tar: tarfile.TarFile, w: Callable[[bytes], object], message: bytes) 
             continue
         entries.append((parts[1], m))
     entries.sort(key=lambda e: e[0])
+    return entries
+
+
+def sdist_commit_id(tar: tarfile.TarFile, entries: list[tuple[str, tarfile.TarInfo]], package: str) -> str | None:
+    """The upstream commit an sdist was built from: `__commit_id__` in <package>/_version.py, which
+    setuptools-scm / vcs-versioning write as 'g<abbreviated sha>' (vLLM 0.20.2: 'gbc150f502')."""
+    wanted = f"{package.replace('-', '_')}/_version.py"
+    member = next((m for path, m in entries if path == wanted and m.isfile()), None)
+    fh = tar.extractfile(member) if member is not None else None
+    if fh is None:
+        return None
+    return parse_commit_id(fh.read(1 << 16).decode("utf-8", errors="replace"))
+
+
+_COMMIT_ID = re.compile(r"^__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['\"]g?([0-9a-f]{7,40})['\"]", re.M)
+
+
+def parse_commit_id(version_py: str) -> str | None:
+    m = _COMMIT_ID.search(version_py)
+    return m.group(1) if m else None
+
+
+def recorded_upstream_commit(message: str) -> str | None:
+    """The `Upstream-Commit-Id:` an sdist import recorded in its commit message (None: unknown)."""
+    m = re.search(rf"^{COMMIT_ID_TRAILER}: ([0-9a-f]{{7,40}})$", message, re.M)
+    return m.group(1) if m else None
+
+
+def _stream(tar: tarfile.TarFile, entries: list[tuple[str, tarfile.TarInfo]], w: Callable[[bytes], object],
+            message: bytes) -> None:
     w(f"commit {REF_IMPORT}\n".encode())
     w(f"author {IMPORT_IDENT} {IMPORT_DATE}\ncommitter {IMPORT_IDENT} {IMPORT_DATE}\n".encode())
     w(b"data %d\n%s\n" % (len(message), message))

@@ -22,7 +22,7 @@ from kvforge.targets import parse_target
 
 # The commit id of vLLM 0.20.2's sdist as kvforge imports it. It depends only on the archive's
 # content and kvforge's fixed import identity, so it is the same on every machine.
-V0202_COMMIT = "6735d076fe28409f8d413da8b3929f80459bfd9c"
+V0202_COMMIT = "11fab712ccd186ee6dc9bf7ec7c276f09555d168"
 
 
 def test_sdist_import_has_the_same_commit_id_everywhere(base_v0202, tmp_path):
@@ -39,6 +39,57 @@ def test_sdist_import_has_the_same_commit_id_everywhere(base_v0202, tmp_path):
     archive = cache.downloads / "vllm-0.20.2.tar.gz"
     assert import_archive(other, archive, comp, comp.release.sha256) == V0202_COMMIT
     assert gitutil.run(base.repo, "rev-parse", "refs/tags/v0.20.2").stdout.strip() == V0202_COMMIT
+
+
+def test_sdist_import_records_the_upstream_commit(base_v0202):
+    """vllm/_version.py of the 0.20.2 sdist says __commit_id__ = 'gbc150f502' (tag v0.20.2): the import
+    commit keeps it as a trailer and the Base exposes it."""
+    from kvforge import gitutil
+
+    _cache, base = base_v0202
+    assert base.upstream_commit == "bc150f502"
+    message = gitutil.run(base.repo, "cat-file", "commit", base.commit).stdout
+    assert message.endswith("\nupstream-ref: v0.20.2\nUpstream-Commit-Id: bc150f502")
+
+
+def test_older_import_without_upstream_commit_is_imported_again(tmp_path):
+    """A cached sdist base whose message lacks Upstream-Commit-Id (an older kvforge made it) is not
+    used: the next ensure_base imports the archive afresh and records the commit."""
+    import io
+    import tarfile
+
+    from kvforge.bases import _git
+    from kvforge.cache import REF_IMPORT
+
+    cache = Cache(tmp_path / "cache")
+    archive = cache.downloads / "fake-9.9.9.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in (("fake-9.9.9/fake/_version.py", b"__commit_id__ = commit_id = 'g0123abcd9'\n"),
+                           ("fake-9.9.9/README", b"hello\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    root = tmp_path / "project"
+    (root / "targets").mkdir(parents=True)
+    (root / "patches" / "t").mkdir(parents=True)
+    (root / "targets" / "t.toml").write_text(TARGET_TOML.replace('version = "0.20.2"', 'version = "9.9.9"')
+                                             .replace('package = "vllm"', 'package = "fake"')
+                                             .format(name="t", sha=sha))
+    comp = parse_target(root / "targets" / "t.toml", root).component()
+    # What an older kvforge left: the same tree, a message without the trailer.
+    repo = cache.repos / "vllm-sdist.git"
+    repo.mkdir(parents=True)
+    _git(repo, "init", "--bare", "-q", check=True)
+    empty_tree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"  # git knows it without storing it
+    old = _git(repo, "commit-tree", empty_tree, "-m", f"fake 9.9.9\n\nsha256: {sha}\n", check=True).stdout.strip()
+    _git(repo, "update-ref", "refs/tags/v0.20.2", old, check=True)
+    base = ensure_base(comp, cache, "sdist")
+    assert base.commit != old and base.upstream_commit == "0123abcd9" and not base.cached
+    assert _git(repo, "rev-parse", "refs/tags/v0.20.2").stdout.strip() == base.commit
+    assert _git(repo, "rev-parse", "--verify", "-q", REF_IMPORT).returncode != 0
+    again = ensure_base(comp, cache, "sdist")
+    assert again.commit == base.commit and again.cached and again.upstream_commit == "0123abcd9"
 
 
 def test_cached_base_needs_no_network(base_v0202, monkeypatch):

@@ -7,7 +7,7 @@ refs/kvforge/import, and a cached repository that `git fsck` finds clean.
 
 Every step boundary is exercised on a small generated release archive served by a local index
 (each run takes a fraction of a second); the real vLLM 0.20.2 sdist is killed at the step that
-leaves the most behind, and must still give commit 6735d076fe28.
+leaves the most behind, and must still give commit 11fab712ccd1.
 """
 
 from __future__ import annotations

@@ -1,0 +1,372 @@
+"""Is a carried fix already upstream? The signals a rebase weighs for each patch, and the decision.
+
+Each signal looks at the new base (a `NewBase`) and one patch and says: True (evidence the base has
+the fix), False (evidence it does not) or None (cannot tell here), whether that alone is trusted
+(`strong`), and one line of detail for the report:
+
+- reverse-apply: the patch's non-test hunks apply in reverse to the new base (`git apply -R
+  --check`, as `stg rebase --merged`): the fixed code is there verbatim. Strong. Applying forward
+  but not in reverse is weak evidence against (the old code is still there); neither is None.
+- patch-id: with history, `git cherry`: a commit between the old and the new base has the patch's
+  `git patch-id --stable`. Strong when equal; a squash merge or context drift defeats it, so no
+  match is no evidence (None).
+- upstream-commit: the recorded `Upstream-Commit`s are ancestors of the new base. Needs history
+  (a git base with its history); an sdist base only knows the one upstream commit it was built
+  from (vllm/_version.py `__commit_id__`, kept by kvforge.bases), which answers only when equal.
+  A commit that is not an ancestor is weak evidence against (release branches cherry-pick).
+- drop-when: the patch's own `Drop-When` condition (evaluate_drop_when).
+- checks: the patch's Checks run on the new base with only the patch's test files added (no fix):
+  all pass is strong evidence for, a behavioural failure strong evidence against; a test that
+  cannot run there (import error, changed signature: API drift) tells nothing.
+
+decide() turns them into upstream | carried | disagree. A false "upstream" (dropping a fix the base
+lacks) is the worst outcome, so: "upstream" needs a strong signal for it and none against, two
+strong ones and only weak ones against, or two weak ones and none against; strong signals on both
+sides, or one strong for and a weak one against, are "disagree" (the rebase stops and shows them);
+anything else is "carried". This module reads the base repository and writes only temporary files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from . import gitutil
+from .errors import KvforgeError
+from .fsutil import remove_stale
+
+if TYPE_CHECKING:
+    from .bases import Base
+    from .series import Patch
+
+NAMES = ("reverse-apply", "patch-id", "upstream-commit", "drop-when", "checks")
+VERDICTS = ("upstream", "carried", "disagree")
+HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str  # "reverse-apply" | "patch-id" | "upstream-commit" | "drop-when" | "checks"
+    fired: bool | None  # True: evidence upstream has the fix; False: evidence it does not; None: cannot tell
+    strong: bool  # whether this signal alone is trusted enough to count
+    detail: str  # one line for the report
+
+
+@dataclass(frozen=True)
+class NewBase:
+    """The base a series moves onto, as the signals see it."""
+
+    repo: Path  # bare repository holding `commit`
+    commit: str
+    version: str | None  # the release version (sdist), or from a vX.Y.Z ref; None for a branch
+    upstream_commit: str | None  # the upstream commit it is (git) or was built from (sdist, abbreviated)
+    has_history: bool  # `repo` holds upstream's history up to `commit` (not a shallow fetch, not an import)
+
+
+def _git(repo: Path, *args: str, check: bool = False, **kw) -> gitutil.Result:
+    return gitutil.run(repo.parent, *args, check=check, env={"GIT_DIR": str(repo), **kw.pop("env", {})}, **kw)
+
+
+def new_base_info(base: "Base", component) -> NewBase:
+    """What the signals need to know about `base` (kvforge.bases.Base) of `component`."""
+    if base.source == "sdist":
+        version: str | None = component.release.version
+        history = False
+    else:
+        m = re.match(r"^v?(\d+\.\d+(?:\.\d+)?\S*)$", base.ref)
+        version = m.group(1) if m else None
+        history = _git(base.repo, "rev-parse", "--is-shallow-repository").stdout.strip() == "false"
+    return NewBase(Path(base.repo), base.commit, version, getattr(base, "upstream_commit", None), history)
+
+
+def same_commit(a: str | None, b: str | None) -> bool:
+    """Two commit ids, either abbreviated, name the same commit (the shorter is a prefix, >= 7 digits)."""
+    if not a or not b or not HEX.match(a.lower()) or not HEX.match(b.lower()):
+        return False
+    a, b = a.lower(), b.lower()
+    return a.startswith(b) if len(a) >= len(b) else b.startswith(a)
+
+
+# ---------------------------------------------------------------- the signals
+
+def gather(nb: NewBase, patch: "Patch", patch_commit: str | None, *,
+           checks: "Callable[[], Signal] | None" = None) -> list[Signal]:
+    """Every signal for `patch` on `nb`, in NAMES order. `patch_commit` is the patch's commit on the
+    old base (in nb.repo) for patch-id; `checks` runs the behavioural signal (it costs a pytest run)."""
+    out = [reverse_apply_signal(nb, patch), patch_id_signal(nb, patch_commit),
+           upstream_commit_signal(nb, patch.values("Upstream-Commit"))]
+    expr = patch.value("Drop-When")
+    out.append(evaluate_drop_when(expr, nb) if expr else Signal("drop-when", None, False, "no Drop-When"))
+    out.append(checks() if checks is not None else Signal("checks", None, False, "not run"))
+    return out
+
+
+def is_test_path(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith("tests/") or "/tests/" in path or name.startswith("test_") or name == "conftest.py"
+
+
+def _apply_check(nb: NewBase, patch: "Patch", paths: list[str], reverse: bool) -> tuple[bool, str]:
+    """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (a temporary index)."""
+    with tempfile.TemporaryDirectory(prefix="kvforge-apply-") as tmp:
+        index = Path(tmp) / "index"
+        patch_file = Path(tmp) / "patch"
+        patch_file.write_bytes(patch.raw)
+        env = {"GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": tmp}
+        _git(nb.repo, "read-tree", nb.commit, check=True, env=env)
+        res = _git(nb.repo, "apply", "--cached", "--check", *(["-R"] if reverse else []),
+                   *[f"--include={p}" for p in paths], str(patch_file), env=env)
+    last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+    return res.returncode == 0, last
+
+
+def reverse_apply_signal(nb: NewBase, patch: "Patch") -> Signal:
+    code = [p for p in patch.touched_paths if not is_test_path(p)]
+    if not code:
+        return Signal("reverse-apply", None, False, "the patch changes only tests")
+    what = f"{len(code)} non-test file{'s' if len(code) > 1 else ''}"
+    back, why_back = _apply_check(nb, patch, code, reverse=True)
+    if back:
+        return Signal("reverse-apply", True, True, f"the fix's hunks ({what}) apply in reverse: the base has them")
+    forward, _ = _apply_check(nb, patch, code, reverse=False)
+    if forward:
+        return Signal("reverse-apply", False, False, f"the fix's hunks ({what}) still apply forward, not in reverse")
+    return Signal("reverse-apply", None, False, f"applies neither way (the code changed: {why_back})")
+
+
+def patch_id_signal(nb: NewBase, patch_commit: str | None) -> Signal:
+    if not nb.has_history:
+        return Signal("patch-id", None, False, "no upstream history in this base (an sdist import or a shallow fetch)")
+    if not patch_commit or _git(nb.repo, "cat-file", "-e", f"{patch_commit}^{{commit}}").returncode != 0:
+        return Signal("patch-id", None, False, "the patch's commit is not in the base repository")
+    res = _git(nb.repo, "cherry", nb.commit, patch_commit, f"{patch_commit}^")
+    line = next((ln for ln in res.stdout.splitlines() if ln[2:].startswith(patch_commit[:12])), None)
+    if res.returncode != 0 or line is None:
+        return Signal("patch-id", None, False, "git cherry could not compare it")
+    if line.startswith("-"):
+        return Signal("patch-id", True, True, "a commit since the old base has the same git patch-id --stable")
+    return Signal("patch-id", None, False, "no commit since the old base has its patch-id (not evidence: a squash "
+                                           "merge or context drift changes it)")
+
+
+def upstream_commit_signal(nb: NewBase, commits: list[str]) -> Signal:
+    if not commits:
+        return Signal("upstream-commit", None, False, "no Upstream-Commit recorded")
+    if any(same_commit(c, nb.upstream_commit) for c in commits) and len(commits) == 1:
+        return Signal("upstream-commit", True, True, f"the base is upstream commit {commits[0]}")
+    if not nb.has_history:
+        built = f" (built from {nb.upstream_commit})" if nb.upstream_commit else ""
+        return Signal("upstream-commit", None, False,
+                      f"no history{built}: cannot tell whether {', '.join(commits)} "
+                      f"{'is an ancestor' if len(commits) == 1 else 'are ancestors'}")
+    known, inside = [], []
+    for c in commits:
+        if _git(nb.repo, "cat-file", "-e", f"{c}^{{commit}}").returncode == 0:
+            known.append(c)
+            if _git(nb.repo, "merge-base", "--is-ancestor", c, nb.commit).returncode == 0:
+                inside.append(c)
+    if len(known) < len(commits):
+        missing = [c for c in commits if c not in known]
+        return Signal("upstream-commit", None, False, f"{', '.join(missing)} not in the base's history")
+    if len(inside) == len(commits):
+        verb = "is an ancestor" if len(commits) == 1 else "are ancestors"
+        return Signal("upstream-commit", True, True, f"{', '.join(commits)} {verb} of the base")
+    outside = [c for c in commits if c not in inside]
+    return Signal("upstream-commit", False, False,
+                  f"{', '.join(outside)} not an ancestor of the base (a cherry-pick would have another id)")
+
+
+_VERSION = re.compile(r"^version >= (\S+)$")
+
+
+def evaluate_drop_when(expr: str, nb: NewBase) -> Signal:
+    """A patch's `Drop-When` against the new base: `version >= X` (the base's release version),
+    `base-contains C` (history, or the base's own recorded upstream commit), `upstream-pr-merged URL`
+    (needs the network: None), `never` (no condition: None)."""
+    from packaging.version import InvalidVersion, Version
+
+    expr = (expr or "").strip()
+    m = _VERSION.match(expr)
+    if m:
+        if not nb.version:
+            return Signal("drop-when", None, False, f"{expr}: the base has no release version")
+        try:
+            reached = Version(nb.version) >= Version(m.group(1))
+        except InvalidVersion as exc:
+            return Signal("drop-when", None, False, f"{expr}: {exc}")
+        if reached:
+            return Signal("drop-when", True, True, f"{expr}: the base is {nb.version}")
+        return Signal("drop-when", False, False, f"{expr}: the base is {nb.version}")
+    if expr.startswith("base-contains "):
+        c = expr.split(None, 1)[1]
+        if same_commit(c, nb.upstream_commit):
+            return Signal("drop-when", True, True, f"{expr}: the base is that commit")
+        if not nb.has_history:
+            built = f" (built from {nb.upstream_commit})" if nb.upstream_commit else ""
+            return Signal("drop-when", None, False, f"{expr}: no history in this base{built} to look for it")
+        if _git(nb.repo, "cat-file", "-e", f"{c}^{{commit}}").returncode != 0:
+            return Signal("drop-when", None, False, f"{expr}: {c} is not in the base's history")
+        if _git(nb.repo, "merge-base", "--is-ancestor", c, nb.commit).returncode == 0:
+            return Signal("drop-when", True, True, f"{expr}: it is an ancestor of the base")
+        return Signal("drop-when", False, False, f"{expr}: not an ancestor of the base")
+    if expr.startswith("upstream-pr-merged "):
+        return Signal("drop-when", None, False, f"{expr}: cannot tell offline whether the PR is merged")
+    if expr == "never" or expr.startswith("never "):
+        return Signal("drop-when", None, False, f"{expr}: no condition to evaluate")
+    return Signal("drop-when", None, False, f"{expr!r}: not a Drop-When condition")
+
+
+# ---------------------------------------------------------------- checks: the behavioural signal
+
+# A failure that shows only that the test's API is not in this tree (verify.ABSENT_API), or that it
+# changed: a call with another signature. Neither says anything about the fix.
+API_DRIFT = re.compile(
+    r"missing \d+ required (positional|keyword-only) arguments?|takes (from )?\d+ (to \d+ )?positional "
+    r"arguments? but \d+ (was|were) given|got an unexpected keyword argument|got multiple values for argument"
+    r"|object is not subscriptable|object is not iterable|cannot unpack non-iterable")
+
+
+def failure_kind(outcome: str, message: str) -> str | None:
+    """passed -> None; behaviour (evidence about the fix) | api (cannot run here) | absent."""
+    from .verify import fail_kind
+
+    kind = fail_kind(outcome, message)
+    if kind is None:
+        return None
+    if kind == "absent-test":
+        return "absent"
+    if kind == "absent-api" or message.startswith("collection error") or API_DRIFT.search(message):
+        return "api"
+    return "behaviour"
+
+
+def judge_checks(outcomes: dict[str, tuple[str, str]]) -> Signal:
+    """The checks signal from node -> (outcome, message) on the new base without the fix."""
+    if not outcomes:
+        return Signal("checks", None, False, "the patch has no Checks")
+    kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in outcomes.items()}
+    passed = [n for n, (o, _, _) in kinds.items() if o == "passed"]
+    behaviour = [n for n, (_, k, _) in kinds.items() if k == "behaviour"]
+    unknown = [n for n in kinds if n not in passed and n not in behaviour]
+    total = len(kinds)
+
+    def short(n: str) -> str:
+        return n.split("::")[-1]
+
+    if behaviour:
+        first = behaviour[0]
+        return Signal("checks", False, True, f"{len(behaviour)} of {total} fail without the fix "
+                                             f"({short(first)}: {kinds[first][2][:120]})")
+    if passed and not unknown:
+        return Signal("checks", True, True, f"all {total} pass on the new base without the fix")
+    if passed:
+        return Signal("checks", True, False, f"{len(passed)} of {total} pass without the fix; "
+                                             f"{len(unknown)} cannot run here")
+    first = unknown[0]
+    return Signal("checks", None, False, f"none of {total} can run on the new base "
+                                         f"({short(first)}: {kinds[first][2][:120] or kinds[first][0]})")
+
+
+def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
+    """Run the patch's Checks on the new base with only its test files added, in the environment of
+    the new base (kvforge.env.target_env, built on first use), from a temporary tree
+    <cache>/trees/.work/.upstream-checks.<pid>.* that is removed afterwards (or by the next run
+    once that pid is gone)."""
+    from .env import target_env
+    from .testrun import run_pytest
+
+    if not patch.checks:
+        return Signal("checks", None, False, "the patch has no Checks")
+    scratch = ctx_like.cache.trees / ".work"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # what a killed run left (its pid is in the name)
+        remove_stale(scratch, r"^\.upstream-checks\.(?P<pid>\d+)\.")
+    tree = Path(tempfile.mkdtemp(prefix=f".upstream-checks.{os.getpid()}.", dir=scratch))
+    try:
+        try:
+            env = target_env(ctx_like, base=nb)
+            env.check()
+        except KvforgeError as exc:
+            return Signal("checks", None, False, f"no test environment for the new base: {exc}")
+        _export_tree(nb, tree)
+        refused = _add_test_files(patch, tree)
+        nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
+        outcomes: dict[str, tuple[str, str]] = {c: ("error", "collection error: its test file does not apply "
+                                                          "to the new base") for c in patch.checks if c not in nodes}
+        if nodes:
+            run = run_pytest(env, tree, nodes, tree.parent / f"{tree.name}.xml",
+                             {"state": "new base without the fix", "base": nb.commit}, "new base", nb.commit)
+            for n in nodes:
+                outcomes[n] = (run.outcome(n), run.message_of(n))
+        sig = judge_checks(outcomes)
+        return Signal(sig.name, sig.fired, sig.strong, f"{sig.detail} [env {env.key}]")
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+        for leftover in scratch.glob(f"{tree.name}.*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def _export_tree(nb: NewBase, dest: Path) -> None:
+    """nb.commit's files into `dest` (a temporary index; the repository's own index is untouched)."""
+    with tempfile.TemporaryDirectory(prefix="kvforge-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(dest)}  # works for bare repos too
+        _git(nb.repo, "read-tree", nb.commit, check=True, env=env)
+        _git(nb.repo, "checkout-index", "-a", "-f", check=True, env=env)
+
+
+def _add_test_files(patch, tree: Path) -> set[str]:
+    """Apply the patch's test files (only those) to `tree`, each on its own; the paths that do not apply."""
+    refused: set[str] = set()
+    with tempfile.NamedTemporaryFile(prefix="kvforge-patch-", suffix=".patch", delete=False) as fh:
+        fh.write(patch.raw)
+    try:
+        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent), "LC_ALL": "C"}
+        for path in (p for p in patch.touched_paths if is_test_path(p)):
+            res = subprocess.run(["git", "apply", f"--include={path}", fh.name], cwd=tree, env=env,
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                refused.add(path)
+    finally:
+        os.unlink(fh.name)
+    return refused
+
+
+# ---------------------------------------------------------------- the decision
+
+def decide(signals: list[Signal]) -> tuple[str, str]:
+    """("upstream" | "carried" | "disagree", one-line reason). Never "upstream" on one weak signal nor
+    against a strong signal; strong signals on both sides disagree (see the module docstring)."""
+    strong_for = [s for s in signals if s.fired is True and s.strong]
+    strong_against = [s for s in signals if s.fired is False and s.strong]
+    weak_for = [s for s in signals if s.fired is True and not s.strong]
+    against = [s for s in signals if s.fired is False]
+
+    def names(ss: list[Signal]) -> str:
+        return ", ".join(s.name + ("" if s.strong else " (weak)") for s in ss)
+
+    if strong_for and strong_against:
+        return "disagree", f"strong signals disagree: for upstream {names(strong_for)}; against {names(strong_against)}"
+    if strong_for and not against:
+        return "upstream", f"upstream has it: {names(strong_for + weak_for)}"
+    if len(strong_for) >= 2:
+        return "upstream", f"upstream has it: {names(strong_for)}; against only {names(against)}"
+    if strong_for:
+        return "disagree", f"signals disagree: for upstream {names(strong_for)}; against {names(against)}"
+    if len({s.name for s in weak_for}) >= 2 and not against:
+        return "upstream", f"upstream has it: {names(weak_for)}, none against"
+    if strong_against:
+        return "carried", f"upstream lacks it: {names(strong_against)}"
+    if weak_for:
+        return "carried", f"not enough to drop it: for upstream only {names(weak_for)}" + \
+                          (f"; against {names(against)}" if against else "")
+    if against:
+        return "carried", f"no signal says upstream has it; against {names(against)}"
+    return "carried", "no signal can tell whether upstream has it: kept"
