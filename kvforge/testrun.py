@@ -9,10 +9,14 @@ pytest's console output.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -132,7 +136,8 @@ def path_args(selectors: list[str]) -> list[str]:
 
 
 def run_pytest(env: Env, tree: Path, selectors: list[str], junit: Path, properties: dict[str, str], label: str,
-               commit: str, keyword: str | None = None, echo: TextIO | None = None) -> RunResult:
+               commit: str, keyword: str | None = None, echo: TextIO | None = None,
+               timeout: float | None = None) -> RunResult:
     """Run the selectors that exist in `tree` in one pytest process; parse its JUnit XML."""
     result = RunResult(label=label, commit=commit, selectors=list(selectors))
     present = []
@@ -150,33 +155,44 @@ def run_pytest(env: Env, tree: Path, selectors: list[str], junit: Path, properti
            "-o", "junit_suite_name=kvforge", "--continue-on-collection-errors", *path_args(present)]
     if keyword:
         cmd += ["-k", keyword]
-    timeout = float(os.environ.get("KVFORGE_TEST_TIMEOUT", "3600"))
+    timeout = timeout or float(os.environ.get("KVFORGE_TEST_TIMEOUT", "3600"))
     start = time.monotonic()
     with open(log, "w", encoding="utf-8") as out:
         out.write("$ " + " ".join(cmd) + f"\n(in {tree})\n")
         out.flush()
-        try:
+        try:  # its own process group: a timeout or an interrupt ends pytest and every process it started
             proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    errors="replace", env=env.environ({"KVFORGE_PYTEST_CONFIG": str(config)}))
+                                    errors="replace", env=env.environ({"KVFORGE_PYTEST_CONFIG": str(config)}),
+                                    start_new_session=True)
         except OSError as exc:
             raise KvforgeError(f"{env.python}: cannot start the test environment's python: {exc.strerror}",
                                EXIT_ENV) from None
+        fired = threading.Event()
+
+        def kill_group() -> None:
+            fired.set()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        watchdog = threading.Timer(timeout, kill_group)  # also when pytest hangs without printing
+        watchdog.daemon = True
+        watchdog.start()
         try:
             for line in proc.stdout:
                 out.write(line)
                 if echo is not None:
                     echo.write(line)
                     echo.flush()
-                if time.monotonic() - start > timeout:
-                    proc.kill()
-                    raise KvforgeError(f"pytest in {tree} ran past {timeout:.0f}s ($KVFORGE_TEST_TIMEOUT); "
-                                       f"log: {log}", EXIT_TESTS)
             proc.wait()
         except BaseException:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            kill_group()
+            proc.wait()
             raise
+        finally:
+            watchdog.cancel()
+        if fired.is_set():
+            raise KvforgeError(f"pytest in {tree} ran past {timeout:.0f}s ($KVFORGE_TEST_TIMEOUT); log: {log}",
+                               EXIT_TESTS)
     result.seconds = time.monotonic() - start
     result.exit_code = proc.returncode
     result.log = log
@@ -276,6 +292,8 @@ class TestResult:
     ok: bool = False
     origin: str = "series"
     record: str | None = None  # the evidence record saved for this run
+    compare: dict = field(default_factory=dict)  # cpu, patched, something failed: Comparison.to_json()
+    layer: dict | None = None  # built on another component: its tree and the stand-ins (kvforge/components.py)
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k != "run"}
@@ -318,7 +336,7 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
     env = target_env(ctx, base=stack.base, platform=platform)
     env.check()
     result = TestResult(target.name, comp.name, platform, state, stack.base.commit, stack.digest, stack.size,
-                        env=env.key)
+                        env=env.key, layer=env.layer.to_json() if env.layer else None)
     n = 0 if on_base else stack.size
     rdir = evidence.attachments(ctx.cache, stack.key, "test", f"{platform}-{state}")
     with stack.lock(say):
@@ -333,15 +351,22 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
         run = run_pytest(env, stack.worktree, nodes, rdir / "junit.xml",
                          run_properties(target, comp, stack, platform, state, commit), state, commit, keyword,
                          sys.stderr if stream else None)
+        if not on_base and platform == "cpu" and stack.size and (run.counts()["failed"] or run.counts()["errors"]):
+            result.compare = against_base(ctx, stack, env, run, list(comp.tests[platform]), checks, rdir,
+                                          platform).to_json()
     result.run = run
     c = run.counts()
     absent = run.not_in_tree + [m for m in run.missing if not keyword]
+    failing_checks = [n for n in checks if run.outcome(n) in ("failed", "error")]
     if on_base:  # a Checks test a patch adds to an existing file: not in the base either
         result.skipped_checks += [m for m in absent if m in checks and m not in result.skipped_checks]
         absent = [m for m in absent if m not in checks]
     if run.exit_code is None or run.exit_code == 5 or not run.cases:
         result.reason = "no tests ran"
-    elif c["failed"] or c["errors"]:
+    elif result.compare and (result.compare["new"] or failing_checks):
+        result.reason = (f"{c['failed']} failed, {c['errors']} errors: {result.compare['new_failures']} new (not "
+                         f"failing on the base), {len(failing_checks)} of the series' Checks")
+    elif (c["failed"] or c["errors"]) and not result.compare:
         result.reason = f"{c['failed']} failed, {c['errors']} errors"
     elif absent:
         result.reason = f"{len(absent)} selected tests are not in the tree: {', '.join(absent[:5])}"
@@ -397,9 +422,188 @@ def print_test_result(result: TestResult, as_json: bool, out: Callable[[str], No
         for m in run.not_in_tree + run.missing:
             if m not in result.skipped_checks:
                 echo(f"MISSING {m}: not in this tree")
+        for line in compare_lines(result.compare, True):
+            echo(line)
+        if result.layer:
+            from .components import describe_layer
+
+            echo(describe_layer(result.layer))
         echo(f"{result.target} {result.state} ({run.commit[:12]}, series {result.series}, {result.patches} patches), "
              f"{result.platform}: {summary_line(run)}")
         if run.junit:
             echo(f"JUnit XML: {run.junit}")
     if error:
         raise KvforgeError(error, code, emitted=as_json)
+
+
+# ---------------------------------------------------------------- base vs patched: whose failure is it
+
+BASE_SERIES = hashlib.sha256(b"").hexdigest()[:16]  # the base alone is the empty series on it
+
+
+def node_outcome(run: RunResult, nodeid: str) -> str:
+    """One test id's outcome in a run: its own case, "error" when its file did not
+    collect, "collected" for a file id whose tests ran, else "missing"."""
+    path = nodeid.split("::", 1)[0]
+    if path in run.collect_errors:
+        return "error"
+    for c in run.cases:
+        if c.nodeid == nodeid:
+            return c.outcome
+    if "::" not in nodeid and any(c.nodeid.startswith(path + "::") for c in run.cases):
+        return "collected"  # a file id (a collection error in the other run) whose tests ran here
+    return "missing"
+
+
+@dataclass
+class Comparison:
+    """The selection's failures on the patched tree judged against the same tests on the base.
+
+    fail (or error) on both = pre-existing (the base's state, not the series'); fail on patched
+    only (passed, skipped or absent on the base) = new: the series broke it; a test the base is
+    known to fail that passes patched = fixed. The series' own Checks are not compared: they must
+    pass on the patched tree whatever the base does. Only the tests that fail on the patched tree
+    are run on the base (and recorded, so the next verify in this cache asks only about new ones)."""
+
+    base_source: str  # run (asked the base now) | cached (all known) | not needed (nothing failed) | same tree
+    base_commit: str
+    base_counts: dict[str, int]
+    base_seconds: float = 0.0
+    base_record: str | None = None
+    new: list[dict] = field(default_factory=list)  # {"node", "base", "patched", "message"}
+    pre_existing: list[str] = field(default_factory=list)
+    fixed: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"base_source": self.base_source, "base_commit": self.base_commit, "base": self.base_counts,
+                "base_seconds": round(self.base_seconds, 2), "base_record": self.base_record,
+                "new_failures": len(self.new), "pre_existing_failures": len(self.pre_existing),
+                "fixed_count": len(self.fixed), "new": self.new, "pre_existing": self.pre_existing,
+                "fixed": self.fixed}
+
+
+def judged(nodeid: str, selectors: list[str], checks: list[str]) -> bool:
+    """A test of the selection that is not one of the series' Checks."""
+    return any(node_matches(nodeid, s) for s in selectors) and not any(node_matches(nodeid, c) for c in checks)
+
+
+def failing_ids(run: RunResult, selectors: list[str], checks: list[str] = ()) -> list[str]:
+    """The selection's test ids (files, for a collection error) that fail or error in `run`."""
+    return unique(c.nodeid for c in run.cases
+                  if c.outcome in ("failed", "error") and judged(c.nodeid, selectors, checks))
+
+
+def compare(base: RunResult, patched: RunResult, selectors: list[str], checks: list[str] = (),
+            base_source: str = "run") -> Comparison:
+    """Per test id of the selection (Checks excluded): pre-existing, new or fixed."""
+    cmp = Comparison(base_source, base.commit, base.counts(), base.seconds)
+    seen = set()
+    for c in patched.cases:
+        if c.nodeid in seen or not judged(c.nodeid, selectors, checks):
+            continue
+        seen.add(c.nodeid)
+        before = node_outcome(base, c.nodeid)
+        if c.outcome in ("failed", "error"):
+            if before in ("failed", "error"):
+                cmp.pre_existing.append(c.nodeid)
+            else:
+                cmp.new.append({"node": c.nodeid, "base": before, "patched": c.outcome, "message": c.message})
+        elif c.outcome == "passed" and before in ("failed", "error"):
+            cmp.fixed.append(c.nodeid)
+    return cmp
+
+
+def merge(known: RunResult | None, run: RunResult) -> RunResult:
+    """Base outcomes known so far plus a new base run: `selectors` is every id the base was asked about."""
+    if known is None:
+        return run
+    cases = {c.nodeid: c for c in known.cases}
+    cases.update({c.nodeid: c for c in run.cases})
+    return RunResult("base", run.commit, unique([*known.selectors, *run.selectors]), run.junit, run.log,
+                     run.exit_code, known.seconds + run.seconds, list(cases.values()),
+                     unique([*known.not_in_tree, *run.not_in_tree]), unique([*known.missing, *run.missing]),
+                     unique([*known.collect_errors, *run.collect_errors]), run.properties)
+
+
+def baseline_name(platform: str, env_key: str, selectors: list[str]) -> str:
+    """The record name of the base's outcomes: the platform, the env and the selection they belong to."""
+    digest = hashlib.sha256("\n".join(selectors).encode()).hexdigest()[:12]
+    return f"{platform}-base-{env_key}-{digest}"
+
+
+def baseline_key(stack) -> evidence.Key:
+    return evidence.Key(stack.target, stack.component, stack.base.commit, BASE_SERIES)
+
+
+def load_baseline(cache, stack, name: str) -> tuple[RunResult, str] | None:
+    """The base's recorded outcomes for this selection and env (see save_baseline), and the record's path."""
+    rec = evidence.latest(cache, baseline_key(stack), "test", name)
+    if rec is None or rec.data.get("base") != stack.base.commit or not {"asked", "cases"} <= rec.data.keys():
+        return None  # none, another base, or a record of an older layout: ask the base again
+    d = rec.data
+    run = RunResult("base", d["base"], d["asked"], exit_code=d.get("pytest_exit"), seconds=d.get("seconds", 0.0),
+                    cases=[Case(n, o, 0.0, m) for n, (o, m) in d["cases"].items()],
+                    not_in_tree=d.get("not_in_tree", []), missing=d.get("missing", []),
+                    collect_errors=d.get("collect_errors", []))
+    return run, str(rec.path)
+
+
+def save_baseline(cache, stack, name: str, run: RunResult, env_key: str, platform: str) -> str:
+    """Record the base's outcome per test id asked so far (key: target, component, base commit, the
+    empty series; name: platform, env, selection): a later verify in this cache asks the base only
+    about ids not in it."""
+    c = run.counts()
+    data = {"base": stack.base.commit, "base_ref": stack.base.ref, "env": env_key, "platform": platform,
+            "asked": run.selectors, "pytest_exit": run.exit_code, "seconds": round(run.seconds, 2), **c,
+            "junit": str(run.junit) if run.junit else None,
+            "cases": {x.nodeid: [x.outcome, x.message if x.outcome != "passed" else ""] for x in run.cases},
+            "not_in_tree": run.not_in_tree, "missing": run.missing, "collect_errors": run.collect_errors}
+    rec = evidence.Record("test", baseline_key(stack), name, origin="base", platform=platform,
+                          ok=not (c["failed"] or c["errors"]), data=data)
+    return str(evidence.save(cache, rec))
+
+
+def compare_lines(cmp: dict, patched: bool, limit: int = 10) -> list[str]:
+    """The base-vs-patched comparison, for people: counts, then the pre-existing and new failures by id."""
+    if not cmp:
+        return []
+    how = {"run": f"the failing tests run on the base in {cmp['base_seconds']:.1f}s",
+           "cached": f"their base outcomes recorded earlier: {cmp['base_record']}",
+           "not needed": "nothing fails on the patched tree", "same tree": ""}[cmp["base_source"]]
+    out = [f"against the base ({cmp['base_commit'][:12]}; {how}): {cmp['new_failures']} new failures, "
+           f"{cmp['pre_existing_failures']} pre-existing (the base's state), {cmp['fixed_count']} fixed" if patched else
+           f"failures on the base ({cmp['base_commit'][:12]}): {cmp['pre_existing_failures']} (the base's state)"]
+    for f in cmp["new"][:limit]:
+        out.append(f"  NEW {f['node']}: {f['patched']} (on the base: {f['base']})"
+                   + (f" ({f['message']})" if f["message"] else ""))
+    for kind, ids in (("pre-existing", cmp["pre_existing"]), ("fixed", cmp["fixed"])):
+        out += [f"  {kind} {n}" for n in ids[:limit]]
+        if len(ids) > limit:
+            out.append(f"  ... and {len(ids) - limit} more {kind} (all in --json)")
+    return out
+
+
+def against_base(ctx, stack, env, final: RunResult, selectors: list[str], checks: list[str], rdir: Path,
+                 platform: str = "cpu") -> Comparison:
+    """Judge the patched tree's failures against the base: ask the base (checked out in the stack's
+    worktree; the caller holds its lock) about each failing test id it has not been asked about in
+    this cache (same base, env and selection), record the answers, compare."""
+    failing = failing_ids(final, selectors, checks)
+    name = baseline_name(platform, env.key, selectors)
+    cached = load_baseline(ctx.cache, stack, name)
+    known, record = (cached if cached else (None, None))
+    ask = [i for i in failing if known is None or i not in known.selectors]
+    source = "not needed" if not failing else ("cached" if not ask else "run")
+    seconds = 0.0
+    if ask:
+        commit = stack.checkout(0)
+        ctx.say(f"[base] the {len(ask)} selected tests that fail on the patched tree, on the base ({commit[:12]})")
+        run = run_pytest(env, stack.worktree, ask, rdir / "base-failing.xml",
+                         run_properties(ctx.target, ctx.component, stack, platform, "base", commit), "base", commit)
+        ctx.say("[base] " + summary_line(run))
+        seconds = run.seconds
+        known = merge(known, run)
+        record = save_baseline(ctx.cache, stack, name, known, env.key, platform)
+    cmp = compare(known or RunResult("base", stack.base.commit, []), final, selectors, checks, source)
+    cmp.base_commit, cmp.base_record, cmp.base_seconds = stack.base.commit, record, seconds
+    return cmp

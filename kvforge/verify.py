@@ -4,8 +4,11 @@ For patch N of a series (Kind fix) the tree before it is the base plus patches 1
 after it adds patch N. Every Checks test must fail or error before (a test file that does not exist
 yet counts as failing) and pass after. A fix with no Checks, or whose Checks already pass before
 it, proves nothing: it is "unproven" and verify fails. refactor and test patches are held to
-pass-to-pass only: the target's whole selection, plus every Checks test, passes on the fully
-patched tree.
+pass-to-pass only: every Checks test passes on the fully patched tree, and no test of the target's
+selection fails there that does not fail on the base too: each selected test id that fails on the
+patched tree is run on the base (once per base, env and selection in a cache: testrun.save_baseline);
+fail on both is the base's state (pre-existing, shown, not blamed), fail on the patched tree only
+is a new failure and fails verify.
 
 pytest runs once per tree state with every node needed there (patch N's "after" and patch N+1's
 "before" share a run); outcomes come from the JUnit XML each run writes.
@@ -20,7 +23,8 @@ from typing import Callable
 
 from .errors import EXIT_TESTS, KvforgeError
 from . import evidence
-from .testrun import RunResult, run_properties, run_pytest, selection, summary_line, unique
+from .testrun import (RunResult, against_base, compare, compare_lines, run_properties, run_pytest, selection,
+                      summary_line, unique)
 
 PLATFORM = "cpu"
 VERB = {"passed": "passes", "failed": "fails", "error": "errors", "skipped": "is skipped",
@@ -84,6 +88,7 @@ class VerifyReport:
     ok: bool = False
     seconds: float = 0.0
     report: str = ""
+    layer: dict | None = None  # built on another component: its tree and the stand-ins (kvforge/components.py)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -163,7 +168,8 @@ ABSENT_API = re.compile(
     r"^(ImportError|ModuleNotFoundError|NameError)\b|cannot import name|No module named"
     r"|^AttributeError: (?!'NoneType').*has no attribute|unexpected keyword argument"
     r"|validation error for \w+Config|Extra inputs are not permitted|^SystemExit: 2\b"
-    r"|^fixture '.*' not found")
+    r"|^fixture '.*' not found|^TypeError: .*takes \d+ positional arguments? but \d+ (were|was) given"
+    r"|missing \d+ required (positional|keyword-only) arguments?")
 
 
 def fail_kind(before: str | None, message: str) -> str | None:
@@ -192,9 +198,11 @@ def verify_target(ctx) -> VerifyReport:
     env = target_env(ctx, base=stack.base)
     env.check()
     report = VerifyReport(target.name, comp.name, PLATFORM, stack.base.ref, stack.base.commit, stack.base.source,
-                          stack.digest, str(comp.series_dir), env.key, stack.origin)
+                          stack.digest, str(comp.series_dir), env.key, stack.origin,
+                          layer=env.layer.to_json() if env.layer else None)
     rdir = evidence.attachments(ctx.cache, stack.key, "verify")
     needs, overlays = plan(patches, final_nodes, stack)
+    selectors = list(comp.tests[PLATFORM])
     runs: dict[int, RunResult] = {}
     say(f"verifying {len(patches)} patches of {target.name} on {stack.base.ref} ({stack.base.commit[:12]}), "
         f"series {stack.digest}: {len(needs)} pytest runs, env {env.key}")
@@ -211,24 +219,31 @@ def verify_target(ctx) -> VerifyReport:
             runs[n] = run
             say(f"[{n}/{len(patches)}] " + (summary_line(run) if run.exit_code is not None
                                              else "nothing to run: the tests are not in this tree yet"))
+        final = runs.get(len(patches), RunResult("", "", []))
+        cmp = against_base(ctx, stack, env, final, selectors, all_checks, rdir) if patches else \
+            compare(final, final, selectors, all_checks, "same tree")
     report.runs = [runs[n].to_json() | {"state": n} for n in sorted(runs)]
     empty = RunResult("", "", [])
     for n, p in enumerate(patches, 1):
         report.patches.append(judge(n, p, runs.get(n - 1, empty), runs.get(n, empty), stack.in_base(n),
                                     stack.commits[n], overlays.get(n - 1, [])))
-    final = runs.get(len(patches), empty)
     c = final.counts()
     absent = final.not_in_tree + final.missing
+    failing_checks = [n for n in all_checks if final.outcome(n) in ("failed", "error")]
     reason = ""
     if final.exit_code is None or not final.cases:
         reason = "no tests ran"
-    elif c["failed"] or c["errors"]:
-        reason = f"{c['failed']} failed, {c['errors']} errors: " + "; ".join(final.problems(5))
+    elif cmp.new or failing_checks:
+        reason = "; ".join(part for part in (
+            f"{len(cmp.new)} new failures (not failing on the base): "
+            + ", ".join(f["node"] for f in cmp.new[:5]) if cmp.new else "",
+            f"{len(failing_checks)} Checks fail: {', '.join(failing_checks[:5])}" if failing_checks else "") if part)
     elif absent:
         reason = f"not in the patched tree: {', '.join(absent[:5])}"
-    report.regression = {"selection": list(comp.tests[PLATFORM]), "checks": all_checks, **c,
+    report.regression = {"selection": selectors, "checks": all_checks, **c,
                          "seconds": round(final.seconds, 2), "junit": str(final.junit) if final.junit else None,
-                         "commit": final.commit, "ok": not reason, "reason": reason, "problems": final.problems(50)}
+                         "commit": final.commit, "ok": not reason, "reason": reason, "problems": final.problems(50),
+                         "compare": cmp.to_json()}
     report.ok = not reason and all(p.ok for p in report.patches)
     report.seconds = time.monotonic() - start
     record = evidence.Record("verify", stack.key, origin=stack.origin, platform=PLATFORM, ok=report.ok,
@@ -264,6 +279,10 @@ def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str]
     else:
         echo(f"{report.target}/{report.component}: {report.base_ref} ({report.base[:12]}, {report.base_source}) + "
              f"series {report.series} ({len(report.patches)} patches), env {report.env}, {report.platform}")
+        if report.layer:
+            from .components import describe_layer
+
+            echo(describe_layer(report.layer))
         if report.patches:
             rows = []
             for p in report.patches:
@@ -290,13 +309,18 @@ def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str]
         r = report.regression
         extra = f" + {len(r['checks'])} Checks" if r["checks"] else ""
         where = "the patched tree" if report.patches else "the base tree"
-        echo(f"regression ({', '.join(r['selection'])}{extra}) on {where}: {r['passed']} passed, "
-             f"{r['failed']} failed, {r['errors']} errors, {r['skipped']} skipped in {r['seconds']:.1f}s"
-             + ("" if r["ok"] else f"  FAILED: {r['reason']}"))
+        sel = r["selection"]
+        echo(f"regression ({', '.join(sel) if len(sel) <= 3 else f'{len(sel)} test modules'}{extra}) on {where}: "
+             f"{r['passed']} passed, {r['failed']} failed, {r['errors']} errors, {r['skipped']} skipped in "
+             f"{r['seconds']:.1f}s" + ("" if r["ok"] else f"  FAILED: {r['reason']}"))
+        for line in compare_lines(r.get("compare") or {}, bool(report.patches)):
+            echo(line)
         echo(f"report: {report.report} ({len(report.runs)} pytest runs, {report.seconds:.1f}s)")
     if error:
         raise KvforgeError(error, code, emitted=as_json)
     if not as_json:
         proven = sum(p.status == "proven" for p in report.patches)
-        echo(f"verify {report.target}: OK: {proven} fix{'' if proven == 1 else 'es'} proven, regression suite passes"
-             if report.patches else f"verify {report.target}: OK: nothing to prove, regression suite passes")
+        pre = (report.regression.get("compare") or {}).get("pre_existing_failures", 0)
+        suite = "no new failures in the regression suite" + (f" ({pre} pre-existing on the base)" if pre else "")
+        echo(f"verify {report.target}: OK: {proven} fix{'' if proven == 1 else 'es'} proven, {suite}"
+             if report.patches else f"verify {report.target}: OK: nothing to prove, {suite}")

@@ -102,4 +102,7 @@ def test_verify_real_patch_on_vllm_0_20_2(project, base_v0202, monkeypatch):
     assert [r["state"] for r in report["runs"]] == [0, 1, 2]
     reg = report["regression"]
     assert reg["ok"] and reg["passed"] == len(SELECTION) + 1 and reg["failed"] == reg["errors"] == 0
+    # Nothing fails on the patched tree: the base is not asked, nothing is new or pre-existing.
+    cmp = reg["compare"]
+    assert cmp["base_source"] == "not needed" and cmp["new"] == cmp["pre_existing"] == []
     assert report["env"] == info["key"]
