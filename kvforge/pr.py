@@ -26,7 +26,9 @@ and sets the exit code. Rules:
   base commit: `## Purpose` / `## Test Plan` / `## Test Result` on v0.20.x, `## Overview` /
   `## Claims` / `## Validation` / `## Details` on 0.33.0), its checklist kept verbatim. A base
   without that file falls back to kvforge's copy for its version (a warning says so). vllm-ascend's
-  template is kvforge's copy (there is no vllm-ascend base yet); see data/templates/upstream/README.md.
+  template is kvforge's copy (its sdist has no .github/); see data/templates/upstream/README.md. A
+  vllm-ascend title's [Branch] is the release of the component's ref (releases/v0.20.2rc ->
+  v0.20.2rc), and `--open` targets that branch.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ BENCH_SCENARIOS = {
     "swa-reachable-cache-mask": {"gptoss-eagle": "control"},  # EAGLE lookups must keep their lookahead block
     "swa-retention-queue-split": {"dsv4-resend": "measures", "dsv4-repeat": "measures"},  # seeds 000, 001 / #42948
     "gemma4-dflash-eagle-spiral": {"gemma4-dflash": "measures"},  # seed 002 / #40624
+    "eagle-lookahead-block-hashes": {"gemma4-dflash": "measures", "gptoss-eagle": "measures"},  # #50438
 }
 
 
@@ -295,14 +298,42 @@ def check_vllm_title(title: str) -> None:
                            "(one or more [Tag] prefixes, a space, then the description)", EXIT_USAGE)
 
 
-def ascend_title(subject: str, kind: str, target: str, touched: list[str]) -> str:
-    """[Branch][Module][Action] Title; the branch is omitted for main."""
+# vllm-ascend modules by the package directory a patch touches (vllm_ascend/<dir>/), for a title
+# whose subject names none.
+ASCEND_MODULES = {"attention": "Attention", "core": "Core", "patch": "Patch", "models": "Model", "ops": "Ops",
+                  "worker": "Worker", "distributed": "Distributed", "quantization": "Quantization",
+                  "spec_decode": "SpecDecode", "compilation": "Graph", "sample": "Sampler", "eplb": "EPLB",
+                  "kv_offload": "KVOffload", "lora": "LoRA", "_310p": "310P"}
+
+
+def ascend_title(subject: str, kind: str, branch: str | None, touched: list[str]) -> str:
+    """[Branch][Module][Action] Title; the branch (e.g. v0.20.2rc of releases/v0.20.2rc) is omitted
+    for main. The module: the subject's own scope tags, else the package directory the patch touches
+    (vllm/v1/core -> Core, vllm_ascend/attention -> Attention), else Misc."""
     tags, text = split_tags(subject)
     modules = [t for t in tags if t.lower() not in KNOWN_TYPE_TAGS]
     if not modules:
-        modules = ["Core" if any(p.startswith("vllm/v1/core/") for p in touched) else "Misc"]
-    branch = [] if target == "main" else [target]
-    return "".join(f"[{t}]" for t in [*branch, *modules, ASCEND_ACTION.get(kind, "Misc")]) + f" {text}"
+        dirs = [p.split("/")[1] for p in touched if p.startswith("vllm_ascend/") and p.count("/") >= 2]
+        if any(p.startswith("vllm/v1/core/") for p in touched):
+            modules = ["Core"]
+        elif dirs:
+            top = max(dict.fromkeys(dirs), key=dirs.count)
+            modules = [ASCEND_MODULES.get(top, top.strip("_").capitalize())]
+        else:
+            modules = ["Misc"]
+    prefix = [branch] if branch and branch != "main" else []
+    return "".join(f"[{t}]" for t in [*prefix, *modules, ASCEND_ACTION.get(kind, "Misc")]) + f" {text}"
+
+
+def ascend_branch(target_name: str, component) -> str | None:
+    """The [Branch] of a vllm-ascend title: the release of the component's own ref when it is a
+    vllm-ascend release branch (releases/v0.20.2rc -> v0.20.2rc); None for main; else the target."""
+    ref = component.ref
+    if ref.startswith("releases/"):
+        return ref.removeprefix("releases/")
+    if ref == "main" or target_name == "main":
+        return None
+    return target_name
 
 
 def message_body(patch) -> str:
@@ -352,10 +383,10 @@ def unwrap(text: str) -> str:
     return "\n\n".join(out)
 
 
-def vllm_refs(text: str) -> str:
-    """Bare '#N' (vLLM's issues and PRs, as a vLLM commit message writes them) as 'vllm-project/vllm#N',
-    for a text posted in another repository."""
-    return re.sub(r"(?<![\w/#&])#(\d{3,})\b", r"vllm-project/vllm#\1", text)
+def vllm_refs(text: str, home: str = "vllm-project/vllm") -> str:
+    """Bare '#N' (the issues and PRs of the repository the commit message was written for: vLLM's,
+    or vllm-ascend's for its component) as 'owner/name#N', for a text posted in another repository."""
+    return re.sub(r"(?<![\w/#&])#(\d{3,})\b", home + r"#\1", text)
 
 
 def github_ref(url: str, repo: str) -> str:
@@ -475,7 +506,7 @@ def find_evidence(cache, key, kind: str, allow_stale: bool, target: str) -> tupl
 def _evidence(ctx, key, kind: str, allow_stale: bool, used: list[EvidenceUsed], warnings: list[str],
               args: str = "") -> tuple[evidence.Record | None, str]:
     """find_evidence, recorded in `used`, with a warning when it is missing or stale."""
-    target = ctx.target.name
+    target = target_flag(ctx)
     rec, state = find_evidence(ctx.cache, key, kind, allow_stale, target)
     used.append(_used(kind, rec, state))
     command = "verify" if kind == "verify" else "bench prefix-cache"
@@ -529,7 +560,10 @@ def verify_data(rec: evidence.Record | None, state: str, target: str, fix_id: st
     out["regression"] = {"passed": reg.get("passed", 0), "failed": reg.get("failed", 0),
                          "errors": reg.get("errors", 0), "skipped": reg.get("skipped", 0),
                          "selection": list(reg.get("selection", [])), "checks": len(reg.get("checks", [])),
-                         "ok": bool(reg.get("ok")), "reason": reg.get("reason", "")}
+                         "ok": bool(reg.get("ok")), "reason": reg.get("reason", ""),
+                         # failures that the base has too are its state, not the series' (testrun.compare)
+                         "pre_existing": (reg.get("compare") or {}).get("pre_existing_failures", 0),
+                         "new": (reg.get("compare") or {}).get("new_failures", 0)}
     out["by_fix"] = {p.get("fix_id"): _verdict(p) for p in d.get("patches", [])}
     out["patch"] = out["by_fix"].get(fix_id) if fix_id else None
     return out
@@ -580,12 +614,13 @@ def bench_data(rec: evidence.Record | None, state: str, target: str, scenarios: 
 
 # ---------------------------------------------------------------- data for the templates
 
-def _patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str]) -> dict:
+def _patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str],
+                home: str = "vllm-project/vllm") -> dict:
     p = stack.series.patches[n - 1]
     tags, text = split_tags(p.subject)
     status, detail = upstream_status(p.upstream_status)
-    # A text posted outside vLLM's repository spells vLLM's '#N' in full.
-    local = (lambda t: t) if repo.lower() == "vllm-project/vllm" else vllm_refs
+    # A text posted outside the patch's own repository (`home`) spells its '#N' in full.
+    local = (lambda t: t) if repo.lower() == home.lower() else (lambda t: vllm_refs(t, home))
     description = message_body(p)
     return {
         "n": n, "name": p.name, "fix_id": p.fix_id, "kind": p.kind, "subject": p.subject, "subject_text": text,
@@ -619,12 +654,13 @@ def _common(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> 
     return {
         "style": style, "layout": layout,
         "target": {"name": ctx.target.name, "description": ctx.target.description, "component": comp.name,
+                   "flag": target_flag(ctx), "requires": comp.requires, "standins": list(comp.standins),
                    "release": f"{comp.release.package} {comp.release.version}",
-                   "branch": None if ctx.target.name == "main" else ctx.target.name,
+                   "branch": ascend_branch(ctx.target.name, comp),
                    "selection": list(comp.tests.get("cpu", ()))},
         "base": {"ref": base.ref, "commit": base.commit, "short": base.commit[:12], "source": base.source,
                  "origin": _base_origin(base),
-                 "name": f"vLLM {base.ref}" if base.ref != "main" else f"vLLM main ({comp.release.version} snapshot)"},
+                 "name": _base_name(comp, base)},
         "series": {"dir": series_dir, "digest": stack.digest, "size": stack.size,
                    "from_commit": _from_commit(stack.origin)},
         "upstream": upstream.to_data(),
@@ -663,13 +699,13 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
         upstream, repo = ascend_template(), ASCEND_REPO
     layout = upstream.layout
     data = _common(ctx, stack, style, layout, upstream)
-    data["fix"] = _patch_data(stack, n, repo, deps, missing_deps)
+    data["fix"] = _patch_data(stack, n, repo, deps, missing_deps, _home(ctx))
     data["repo"] = repo
 
     key, target = stack.key, ctx.target.name
     used: list[EvidenceUsed] = []
     rec, state = _evidence(ctx, key, "verify", allow_stale, used, warnings)
-    data["verify"] = verify_data(rec, state, target, fix_id)
+    data["verify"] = verify_data(rec, state, target_flag(ctx), fix_id)
     verdict = (data["verify"] or {}).get("patch")
     if rec is not None and verdict is None:
         warnings.append(f"the verify record has no verdict for {fix_id}")
@@ -680,12 +716,12 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
     if scenarios:
         brec, bstate = _evidence(ctx, key, "bench-prefix-cache", allow_stale, used, warnings,
                                  f" --scenario {','.join(scenarios)}")
-        data["bench"] = bench_data(brec, bstate, target, scenarios)
+        data["bench"] = bench_data(brec, bstate, target_flag(ctx), scenarios)
 
     if style == "vllm":
         title = vllm_title(patch.subject, patch.kind, layout)
     else:
-        title = ascend_title(patch.subject, patch.kind, target, patch.touched_paths)
+        title = ascend_title(patch.subject, patch.kind, ascend_branch(target, ctx.component), patch.touched_paths)
     data["title"] = title
     name = "pr-ascend.md.j2" if style == "vllm-ascend" else f"pr-vllm-{layout}.md.j2"
     body, user_title = render_template(name, data, template)
@@ -710,14 +746,14 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
     fixes = []
     for n, p in enumerate(stack.series.patches, 1):
         deps, missing = depends_chain(stack.series, p)
-        fixes.append(_patch_data(stack, n, repo, deps, missing))
+        fixes.append(_patch_data(stack, n, repo, deps, missing, _home(ctx)))
     data["fixes"] = fixes
     used: list[EvidenceUsed] = []
     rec, state = _evidence(ctx, key, "verify", allow_stale, used, warnings)
-    data["verify"] = verify_data(rec, state, target, None)
+    data["verify"] = verify_data(rec, state, target_flag(ctx), None)
     wanted = tuple(dict.fromkeys(s for f in fixes for s in f["bench_scenarios"]))
     brec, bstate = _evidence(ctx, key, "bench-prefix-cache", allow_stale, used, warnings)
-    data["bench"] = bench_data(brec, bstate, target, ())
+    data["bench"] = bench_data(brec, bstate, target_flag(ctx), ())
     data["bench_by_scenario"] = {r["scenario"]: r for r in (data["bench"] or {}).get("rows", [])
                                  if r["scenario"] in wanted and r["label"] == r["scenario"]}
     authors: dict[str, list[str]] = {}
@@ -731,6 +767,27 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
     return Text("notes", target, ctx.component.name, "notes", "notes", " ".join((user_title or title).split()),
                 _tidy(body), stack.base.commit, stack.base.ref, stack.digest, stack.origin, None,
                 str(template) if template is not None else "notes.md.j2", "", used, warnings)
+
+
+def _home(ctx) -> str:
+    """The GitHub repository a component's patches were written for (their bare '#N' refer to it)."""
+    return _github_repo(ctx.component.repo) or "vllm-project/vllm"
+
+
+def target_flag(ctx) -> str:
+    """What follows `-t` in the commands a text names: the target, and --component when it has several."""
+    if len(ctx.target.components) > 1:
+        return f"{ctx.target.name} --component {ctx.component.name}"
+    return ctx.target.name
+
+
+def _base_name(comp, base) -> str:
+    """How a text names the base: vLLM v0.20.2, vLLM main (0.33.0 snapshot), vllm-ascend releases/v0.20.2rc
+    (0.20.2rc1 from PyPI when it is the sdist)."""
+    if comp.requires:
+        how = f" ({comp.release.version} from PyPI)" if base.source == "sdist" else ""
+        return f"{comp.name} {base.ref}{how}"
+    return f"vLLM {base.ref}" if base.ref != "main" else f"vLLM main ({comp.release.version} snapshot)"
 
 
 def _tidy(body: str) -> str:
@@ -802,7 +859,9 @@ def base_branch(pr: Text) -> str | None:
     """The upstream branch a PR targets: main for main; vllm-ascend's releases/<target>; else gh's default."""
     if pr.target == "main":
         return "main"
-    return f"releases/{pr.target}" if pr.style == "vllm-ascend" else None
+    if pr.style == "vllm-ascend":
+        return pr.base_ref if pr.base_ref.startswith("releases/") else f"releases/{pr.target}"
+    return None
 
 
 def open_pr(pr: Text, gh: str) -> str:

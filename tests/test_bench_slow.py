@@ -25,7 +25,7 @@ from kvforge.cache import Cache, default_cache_dir
 from kvforge.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = "dsv4-resend,external-hit"
+SCENARIOS = "dsv4-resend,external-hit,gemma4-dflash,gptoss-eagle"
 SCALE = "0.05"
 
 
@@ -89,6 +89,23 @@ def test_patched_external_hit_keeps_groups_apart(bench_v0201):
     assert patched["trigger_held"] > 0  # the triggering condition still occurs: the fix is what changed
     assert patched["block_ids_in_two_groups"] == 0
     assert patched["violations"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["gemma4-dflash", "gptoss-eagle"])
+def test_drafters_keep_their_last_hit_block_when_patched(bench_v0201, scenario):
+    """Base drops one block per request for the EAGLE-style drafter; patched (lookahead block
+    hashes) serves everything that is sound for it: the lookahead bound, which is the no-spec
+    rate wherever a request does not leave a cached sequence exactly at a block boundary."""
+    spec, nospec = row(bench_v0201, scenario), row(bench_v0201, f"{scenario}/nospec")
+    bound = spec["patched"]["lookahead_ceiling_hits"]
+    assert spec["base"]["admitted_hits"] < bound
+    assert spec["patched"]["admitted_hits"] == bound
+    assert spec["patched"]["violations"] == 0
+    assert nospec["patched"]["admitted_hits"] == nospec["base"]["admitted_hits"]
+    assert nospec["patched"]["admitted_hits"] >= spec["patched"]["admitted_hits"]
+    if scenario == "gemma4-dflash":  # no request leaves at a 64-token boundary
+        assert spec["patched"]["admitted_hits"] == nospec["patched"]["admitted_hits"]
 
 
 @pytest.mark.slow

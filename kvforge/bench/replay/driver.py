@@ -17,7 +17,7 @@ import time
 from collections import Counter, defaultdict
 
 from . import connector, stats
-from .ceilings import ceilings
+from .ceilings import ceilings, lookahead_ceilings
 from .compat import Features
 from .invariants import MAX_EXAMPLES, Checker
 from .probe import ExternalProbe
@@ -194,6 +194,8 @@ def run_one(wl: dict, scenario: str, variant: str, scale: float, seed: int, chec
         hit_alignment=align, notes=wl["notes"],
         overall=dict(totals), connector=dict(conn_totals) if conn_totals else None,
         ceiling=dict(queries=sum(len(r["prompt"]) for r in reqs), hits=sum(ceil)),
+        # With a drafter: what the cache can serve when a block also needs the token after it.
+        ceiling_lookahead=dict(hits=sum(lookahead_ceilings(reqs, align))) if spec else None,
         requests=rows, steps=step,
         spec=dict(drafted=sampler.drafted, accepted=sampler.accepted) if spec else None,
         violations=checker.result(), external=probe.result() if probe else None,
@@ -209,13 +211,14 @@ def merge_sweep(parts: list[dict], wl: dict) -> dict:
     out["notes"] = wl["notes"]
     out["config"] = dict(first["config"], sweep=wl["sweep_param"],
                          points=[p["point"] for p in parts])
-    total, ceil, rows, points = Counter(), Counter(), [], []
+    total, ceil, ceil_la, rows, points = Counter(), Counter(), Counter(), [], []
     vcounts, vexamples, ext = Counter(), defaultdict(list), Counter()
     ext_examples, probe_errors, two_groups, steps = [], [], 0, 0
     seconds = Counter()
     for p in parts:
         total.update(p["overall"])
         ceil.update(p["ceiling"])
+        ceil_la.update(p.get("ceiling_lookahead") or {})
         steps += p["steps"]
         seconds.update(p["seconds"])
         for r in p["requests"]:
@@ -240,6 +243,7 @@ def merge_sweep(parts: list[dict], wl: dict) -> dict:
                            trigger_held=e.get("trigger_held", 0),
                            block_ids_in_two_groups=v["block_ids_in_two_groups"]))
     out.update(overall=dict(total), ceiling=dict(ceil), requests=rows, steps=steps, points=points,
+               ceiling_lookahead=dict(ceil_la) if first.get("ceiling_lookahead") is not None else None,
                seconds={k: round(v, 3) for k, v in seconds.items()},
                violations=dict(counts=dict(vcounts), examples=dict(vexamples),
                                block_ids_in_two_groups=two_groups,

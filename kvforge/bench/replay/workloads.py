@@ -27,7 +27,7 @@ SCENARIOS = {
     "dsv4-resend": [""],
     "dsv4-repeat": [""],
     "gemma4-dflash": ["", "nospec"],
-    "gptoss-eagle": [""],
+    "gptoss-eagle": ["", "nospec"],
     "external-hit": ["", "soak"],
 }
 
@@ -167,10 +167,12 @@ def _gptoss_eagle(rng: random.Random, variant: str, scale: float, seed: int) -> 
             reqs.append(dict(label=f"c{c}t{t}", prompt=prompt, output=out, after=last_of.get(c)))
             last_of[c] = len(reqs) - 1
             history[c] = prompt + out
-    spec = dict(method="eagle3", k=3, accept=0.7)
+    # nospec: the same requests without speculative decoding (the rate EAGLE3 should reach).
+    spec = None if variant == "nospec" else dict(method="eagle3", k=3, accept=0.7)
     cfg = dict(num_blocks=_scaled(16_384, scale, 2048), max_num_batched_tokens=8192,
                max_num_seqs=256, concurrency=conc, max_model_len=131_072, spec=spec)
-    notes = ["EAGLE3 k=3, per-token acceptance 0.7; turn t+1 re-sends turn t's prompt and answer"]
+    notes = [("spec decode off" if spec is None else "EAGLE3 k=3, per-token acceptance 0.7")
+             + "; turn t+1 re-sends turn t's prompt and answer"]
     return dict(groups=GPTOSS_GROUPS, config=cfg, requests=reqs, notes=notes)
 
 
