@@ -8,7 +8,7 @@ command's own JSON document.
 
 This module owns the layout under <cache>/results (nothing else writes there):
   <target>/<component>/<series digest>/
-      <kind>[-<name>].json       records (kind: verify | test | bench-prefix-cache)
+      <kind>[-<name>].json       records (kind: verify | test | bench-prefix-cache | bench-scheduler-overhead)
       <kind>[-<name>]/           their attachments: JUnit XML, pytest logs, replay documents
 Records are written atomically: a reader sees a whole record or none.
 """
@@ -25,7 +25,7 @@ from .errors import EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text
 
 SCHEMA = 1
-KINDS = ("verify", "test", "bench-prefix-cache")
+KINDS = ("verify", "test", "bench-prefix-cache", "bench-scheduler-overhead")
 
 
 @dataclass(frozen=True)
