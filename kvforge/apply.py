@@ -27,12 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import gitutil
-from .context import Context
+from .context import Context, base_tag_name
 from .engine import ApplyFailure, PatchOutcome, am_series
 from .errors import EXIT_USAGE, KvforgeError
 from .fsutil import crashpoint, file_lock, pid_alive
 
-BASE_TAG = "refs/tags/kvforge/base/{target}"
+BASE_TAG = "refs/tags/{tag}"  # kvforge/base/<target>[-<component>] (context.base_tag_name)
 
 
 @dataclass
@@ -63,6 +63,45 @@ class ApplyResult:
 
 def default_into(ctx: Context) -> Path:
     return Path.cwd() / f"{ctx.component.name}-{ctx.target.name}"
+
+
+def apply_components(ctx: Context, component: str | None, into: Path | None = None, repo_dir: Path | None = None,
+                     branch: str | None = None, keep_conflict: bool = False) -> list[ApplyResult]:
+    """`kvforge apply` for one component (named, or the only one) or, without --component on a target
+    with several, for every component in the target file's order, each into ./<component>-<target>.
+
+    Several components: every series is linted and applied in kvforge's own stacks first, and every
+    destination checked, before any tree of the user's is made; so a patch that does not apply, or
+    a destination that cannot be used, leaves nothing. --into, --repo-dir and --branch name one
+    tree (--keep-conflict leaves one): with several components they need --component.
+    """
+    if component is not None or len(ctx.target.components) == 1:
+        return [apply_target(ctx, into=into, repo_dir=repo_dir, branch=branch, keep_conflict=keep_conflict)]
+    names = [c.name for c in ctx.target.components]
+    given = [opt for opt, v in (("--into", into), ("--repo-dir", repo_dir), ("--branch", branch),
+                                ("--keep-conflict", keep_conflict or None)) if v is not None]
+    if given:
+        raise KvforgeError(f"{' and '.join(given)} name{'s' if len(given) == 1 else ''} one tree, and target "
+                           f"{ctx.target.name} has {len(names)} components ({', '.join(names)}): add --component "
+                           f"NAME, or drop {given[0]} to apply each into ./<component>-{ctx.target.name}", EXIT_USAGE)
+    from .trees import open_stack
+
+    ctxs = [ctx if c.name == ctx.component.name else ctx.for_component(c.name) for c in ctx.target.components]
+    for c in ctxs:
+        c.series()
+    for c in ctxs:
+        dest = default_into(c)
+        if dest.exists() and not _existing_repo(dest, must=False) and (not dest.is_dir() or any(dest.iterdir())):
+            raise KvforgeError(f"{dest} exists, is not empty and is not a git repository; nothing was applied "
+                               f"(move it, or apply one component with --component and --into)", EXIT_USAGE)
+    for c in ctxs:
+        c.say(f"{c.label}: preparing the series in kvforge's stack")
+        try:
+            open_stack(c)
+        except ApplyFailure as failure:
+            failure.args = (f"{c.label}: {failure.args[0]}; no tree was made",)
+            raise
+    return [apply_target(c) for c in ctxs]
 
 
 def apply_target(ctx: Context, into: Path | None = None, repo_dir: Path | None = None, branch: str | None = None,
@@ -106,7 +145,7 @@ def apply_target(ctx: Context, into: Path | None = None, repo_dir: Path | None =
                 return result
             raise KvforgeError(_refusal(ctx, dest, branch, have, base.commit), EXIT_USAGE)
         refspecs = [f"{stack_ref(ctx, stack)}:refs/heads/{branch}",
-                    f"+refs/tags/{base.ref}:{BASE_TAG.format(target=ctx.target.name)}"]
+                    f"+refs/tags/{base.ref}:{BASE_TAG.format(tag=base_tag_name(ctx.target, ctx.component))}"]
         if existing:
             _fetch(dest, base.repo, refspecs)
         else:
@@ -199,7 +238,8 @@ def _leave_conflict(ctx: Context, dest: Path, branch: str, failure: ApplyFailure
     tmp = _tmp_for(dest)
     try:
         _init(tmp)
-        _fetch(tmp, base.repo, [f"+refs/tags/{base.ref}:{BASE_TAG.format(target=ctx.target.name)}"])
+        tag = BASE_TAG.format(tag=base_tag_name(ctx.target, ctx.component))
+        _fetch(tmp, base.repo, [f"+refs/tags/{base.ref}:{tag}"])
         gitutil.run(tmp, "checkout", "-q", "--detach", base.commit)
         try:
             am_series(tmp, ctx.series().patches, base.commit, borrow=base.repo)

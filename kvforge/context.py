@@ -24,10 +24,16 @@ def quiet(_msg: str) -> None:
 
 
 def branch_name(target: Target, component: Component) -> str:
-    """The branch `apply` creates and `export` reads: kvforge/<target>[-<component>]."""
-    if len(target.components) == 1:
+    """The branch `apply` creates and `export` reads: kvforge/<target> for the target's first
+    component (vLLM), kvforge/<target>-<component> for the others (v0.20.2rc's vllm-ascend)."""
+    if component.name == target.components[0].name:
         return f"kvforge/{target.name}"
     return f"kvforge/{target.name}-{component.name}"
+
+
+def base_tag_name(target: Target, component: Component) -> str:
+    """The tag `apply` puts on the base in a user's tree, named like the branch."""
+    return "kvforge/base/" + branch_name(target, component).removeprefix("kvforge/")
 
 
 @dataclass
@@ -50,6 +56,12 @@ class Context:
         torch_index = kw.pop("torch_index", None) or os.environ.get("KVFORGE_TORCH_INDEX") or None
         return cls(cache, target, target.component(component), python=Path(python) if python else None,
                    torch_index=torch_index, **{k: v for k, v in kw.items() if v is not None})
+
+    def for_component(self, name: str) -> "Context":
+        """The same command's context for another component of the target: same cache, base source
+        policy, interpreter and progress; --repo and --from stay with the component they were given for."""
+        return Context(self.cache, self.target, self.target.component(name), source=self.source,
+                       progress=self.progress, python=self.python, torch_index=self.torch_index)
 
     def say(self, msg: str) -> None:
         self.progress(msg)

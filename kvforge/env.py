@@ -44,7 +44,7 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import gitutil
 from . import platforms as platforms_mod
@@ -53,6 +53,9 @@ from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .fsutil import file_lock
 from .torchsource import Progress, canonical, install_torch, torch_sources
 from .userenv import user_env
+
+if TYPE_CHECKING:
+    from .components import Layer
 
 DATA = Path(__file__).resolve().parent / "data"
 RECIPE = 1  # bump when the way environments are built changes: every key changes with it
@@ -107,11 +110,16 @@ class Env:
     overlay: Path | None = None  # what an external interpreter lacked, installed in the cache (PYTHONPATH)
     platform: str = "cpu"
     torch_source: dict | None = None  # where a built env's torch came from (never part of the key)
+    # A component built on another (vllm-ascend on vllm): that one's patched tree and the declared
+    # stand-ins on top of this env (kvforge/components.py); None for a component of its own.
+    layer: "Layer | None" = None
 
     def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
-               if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTEST_ADDOPTS")}
-        path = [str(DATA / "pytest-plugin")] + ([str(self.overlay)] if self.overlay else [])
+               if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTEST_ADDOPTS",
+                            "KVFORGE_STANDINS", "KVFORGE_STANDINS_DIR")}
+        path = ([str(DATA / "pytest-plugin")] + (self.layer.pythonpath() if self.layer else [])
+                + ([str(self.overlay)] if self.overlay else []))
         env.update({
             "HF_HOME": str(self.hf_home),
             "HF_HUB_OFFLINE": "1",
@@ -124,6 +132,7 @@ class Env:
             "PYTHONPATH": os.pathsep.join(path),
         })
         env.update(platforms_mod.get(self.platform).environ)  # cpu: VLLM_TARGET_DEVICE=cpu
+        env.update(self.layer.environ if self.layer else {})  # VLLM_PLUGINS, KVFORGE_STANDINS(_DIR)
         env.update(extra or {})
         return env
 
@@ -131,7 +140,7 @@ class Env:
         return {"path": str(self.path), "python": str(self.python), "key": self.key, "hf_home": str(self.hf_home),
                 "reused": self.reused, "seconds": round(self.seconds, 1), "external": self.external,
                 "platform": self.platform, "overlay": str(self.overlay) if self.overlay else None,
-                "torch_source": self.torch_source,
+                "torch_source": self.torch_source, "layer": self.layer.to_json() if self.layer else None,
                 "spec": asdict(self.spec) if self.spec else None, "packages": self.packages}
 
     def check(self) -> None:
@@ -406,11 +415,25 @@ def ensure_hf_home(cache: Cache) -> Path:
 def target_env(ctx, rebuild: bool = False, base=None, platform: str = "cpu") -> Env:
     """The environment for ctx's component on `platform`, from its base's requirements.
 
+    A component that `requires` another (vllm-ascend) gets that component's environment; on cpu
+    with a Layer (kvforge/components.py): the required component's patched tree and the declared
+    stand-ins on PYTHONPATH. On npu the runner's interpreter has both trees installed itself.
+
     ctx.python (--python / $KVFORGE_PYTHON): that interpreter plus an overlay of what it lacks;
     required for cuda and npu (kvforge builds CPU environments only). Otherwise a kvforge-built venv
     whose torch comes from ctx.torch_index or the other sources (torch_sources). The deprecated
     $KVFORGE_TEST_PYTHON uses an interpreter exactly as it is: no check, no overlay.
     """
+    comp = getattr(ctx, "component", None)
+    if getattr(comp, "requires", None):  # built on another component: its env, plus (cpu) its tree and stand-ins
+        from .components import layer
+
+        env = target_env(ctx.for_component(comp.requires), rebuild, None, platform)
+        if platform == "cpu":
+            env.layer = layer(ctx)
+            # The key names what the tests ran with: records keyed by it (baselines) follow the required tree.
+            env.key = f"{env.key}-on-{env.layer.requires}-{env.layer.commit[:12]}"
+        return env
     plat = platforms_mod.get(platform)
     python = getattr(ctx, "python", None)
     if python is None and os.environ.get("KVFORGE_TEST_PYTHON"):

@@ -7,10 +7,15 @@ Jobs are targets x components x kinds (x shards):
 - cuda:  on a GPU runner, the build job's wheel installed (with its dependencies: CUDA torch) into a
   venv, then `kvforge build --wheel ... --platform cuda --tests all`: the target's cuda selection
   plus every Checks test with vllm imported from that wheel;
-- npu:   on vllm-ascend's runners, in the CANN container vllm-ascend's CI uses: the patched tree
-  (`kvforge apply`) installed with VLLM_TARGET_DEVICE=empty, vllm-ascend over it, then
+- npu:   on vllm-ascend's runner, in the CANN container vllm-ascend's CI uses (both are data in
+  kvforge/platforms.py). For a component built on vLLM (v0.20.2rc's vllm-ascend): `kvforge apply`
+  makes both patched trees, vLLM is installed from its tree with VLLM_TARGET_DEVICE=empty, the
+  patched vllm-ascend over it (its kernels build into its tree), and the command is pytest of its
+  npu selection and Checks from that tree (kvforge/components.py hardware_steps). For a vLLM
+  component listing npu: the patched tree, the vllm-ascend release branch over it, then
   `kvforge test --platform npu`.
-Each job's command is a kvforge command, so CI and a developer run the same thing; `setup` lines
+Each job's command is a kvforge command (except that pytest in the installed vllm-ascend tree), so
+CI and a developer run the same thing; `setup` lines
 prepare a runner (install kvforge, the hardware's interpreter). cuda and npu jobs are generated
 for their runners only: `kvforge matrix` never runs a job, and the output marks them
 `runs_here: false` with the hardware they need: nothing here reports them as passed.
@@ -50,8 +55,7 @@ INSTALL_KVFORGE = "python3 -m pip install -e ."
 TIMEOUT_MINUTES = {"build": 60, "cpu": 60, "cuda": 90, "npu": 90}
 # kvforge's own sources: a change there re-runs every target.
 TOOL_PATHS = ("kvforge/", "pyproject.toml")
-# vllm-ascend's CI: the container its release-branch e2e jobs run in and where its source comes from.
-NPU_CONTAINER = "swr.cn-southwest-2.myhuaweicloud.com/base_image/ascend-ci/cann:9.0.0-910b-ubuntu22.04-py3.11"
+# vllm-ascend's source, for the npu job of a vLLM component (the target has no vllm-ascend component).
 VLLM_ASCEND_REPO = "https://github.com/vllm-project/vllm-ascend.git"
 # vLLM's own Buildkite (.buildkite/test_areas): device names and the image each depends on.
 VLLM_DEVICES = {"cpu": ("cpu-small", "image-build-cpu"), "cuda": ("l4", "image-build"),
@@ -82,6 +86,7 @@ class Job:
     timeout_minutes: int = 60
     runs_here: bool = True  # False: needs hardware kvforge matrix does not assume; never reported as passed
     hardware: str = ""
+    requires: str | None = None  # a component built on another (vllm-ascend on vllm): its tree is not vLLM's
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -156,7 +161,8 @@ def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: t
             project = [_rel(t.path, root), _rel(c.series_dir, root) + "/**", *[p + ("**" if p.endswith("/") else "")
                                                                            for p in TOOL_PATHS]]
             dist = f"dist/{t.name}"
-            common = dict(target=t.name, component=c.name, if_changed=project, source_files=touched)
+            common = dict(target=t.name, component=c.name, if_changed=project, source_files=touched,
+                          requires=c.requires)
 
             def labels(p: str) -> list[str]:
                 return list(runs_on.get(p) or platforms_mod.get(p).labels("github"))
@@ -194,7 +200,19 @@ def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: t
                         artifact=f"wheel-{tid}", artifact_path=dist,
                         junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cuda.xml"], selection=selection,
                         timeout_minutes=TIMEOUT_MINUTES["cuda"], runs_here=False, hardware=plat.hardware, **common))
-            if "npu" in kinds and "npu" in c.platforms:
+            if "npu" in kinds and "npu" in c.platforms and c.requires:
+                from .components import hardware_steps, tree_name
+
+                plat = platforms_mod.get("npu")
+                selection = sorted({*c.tests.get("npu", ()), *checks})
+                steps = hardware_steps(t, c, plat, minimal(selection))
+                jobs.append(Job(
+                    id=f"npu-{tid}", kind="npu", platform="npu", name=f"npu {t.name}/{c.name}: on {c.requires}",
+                    command=steps[-1], setup=[INSTALL_KVFORGE, *steps[:-1]], runs_on=labels("npu"),
+                    agents=_agents(plat), container=plat.container,
+                    junit=[f"{tree_name(t, c)}/kvforge-{t.name}-{c.name}-npu.xml"], selection=selection,
+                    timeout_minutes=TIMEOUT_MINUTES["npu"], runs_here=False, hardware=plat.hardware, **common))
+            elif "npu" in kinds and "npu" in c.platforms:
                 plat = platforms_mod.get("npu")
                 tree = f"vllm-{t.name}"
                 ascend_ref = "main" if t.name == "main" else f"releases/{t.name}"
@@ -206,7 +224,7 @@ def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: t
                            f"git clone --depth 1 -b {ascend_ref} {VLLM_ASCEND_REPO} vllm-ascend",
                            "python3 -m pip install -r vllm-ascend/requirements-dev.txt",
                            "python3 -m pip install -e vllm-ascend pytest tblib"],
-                    runs_on=labels("npu"), agents=_agents(plat), container=NPU_CONTAINER,
+                    runs_on=labels("npu"), agents=_agents(plat), container=plat.container,
                     junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"],
                     selection=sorted({*c.tests.get("npu", ()), *checks}), timeout_minutes=TIMEOUT_MINUTES["npu"],
                     runs_here=False, hardware=plat.hardware, **common))
@@ -301,8 +319,8 @@ def vllm_steps(m: Matrix) -> dict:
                            f"(selected: {', '.join(names) or 'none'})", EXIT_USAGE)
     steps = []
     for j in m.jobs:
-        if j.kind not in ("cpu", "cuda", "npu") or not j.selection or not j.shard.startswith("1/"):
-            continue  # one step per platform: vLLM's own generator shards
+        if j.kind not in ("cpu", "cuda", "npu") or not j.selection or not j.shard.startswith("1/") or j.requires:
+            continue  # one step per platform (vLLM's own generator shards); vLLM's tree only
         device, image = VLLM_DEVICES[j.platform]
         paths = [s.removeprefix("tests/") for s in minimal(j.selection)]  # vLLM's steps run in tests/
         step = {"label": f"kvforge {j.target} ({j.platform}): series Checks and selection",

@@ -6,7 +6,8 @@ CI job for it asks for.
   pure-Python requirements, kvforge's CPU platform plugin) or a user's interpreter with an overlay.
 - cuda: an NVIDIA GPU visible to the user's interpreter (--python), which holds the target's CUDA
   torch and the tree's vLLM with its compiled extensions. kvforge never builds a CUDA env.
-- npu: an Ascend NPU with CANN, torch-npu and vllm-ascend in the user's interpreter.
+- npu: an Ascend NPU with CANN, torch-npu and vllm-ascend in the user's interpreter; CI jobs run
+  in vllm-ascend's CANN container on its runner label.
 
 Runner labels are defaults (GitHub Actions `runs-on`, Buildkite agent tags); a project overrides them
 in its CI files. Nothing here runs a test; `available()` only looks.
@@ -37,6 +38,11 @@ class Platform:
     install: str | None  # hardware_command's install step in a fresh clone (None: kvforge env does it)
     runner_labels: tuple[tuple[str, tuple[str, ...]], ...]  # DEFAULTS per CI system; projects override
     probe: str  # how available() looks: "always" | "cuda" | "npu"
+    container: str | None = None  # the CI image its jobs run in (None: the runner's own system)
+    # For a component built on another (vllm-ascend on vllm): how the required tree and then the
+    # component's tree are installed on this platform ({tree}, {version}: the required release).
+    install_required: str | None = None
+    install_component: str | None = None
 
     @property
     def environ(self) -> dict[str, str]:
@@ -108,8 +114,16 @@ NPU = Platform(
     cpu_plugin=False,
     needs_python=True,
     install="pip install -e . pytest tblib vllm-ascend",
-    runner_labels=(("github", ("linux-aarch64-a2-1",)), ("buildkite", ("queue=ascend",))),
+    # vllm-ascend's releases/v0.20.2rc CI (.github/workflows/pr_test_light.yaml, _e2e_test.yaml):
+    # single-card e2e jobs run on linux-aarch64-a2b3-1 in this CANN 9.0.0 (Atlas A2, 910B) image.
+    runner_labels=(("github", ("linux-aarch64-a2b3-1",)), ("buildkite", ("queue=ascend",))),
     probe="npu",
+    container="swr.cn-southwest-2.myhuaweicloud.com/base_image/ascend-ci/cann:9.0.0-910b-ubuntu22.04-py3.11",
+    # vLLM without a device (vllm-ascend's CI does the same), at the release's exact version: a
+    # VLLM_VERSION_OVERRIDE keeps it from being 0.20.2+empty, which vllm_version_is("0.20.2") rejects.
+    install_required="VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE={version} python3 -m pip install -e {tree}",
+    install_component="python3 -m pip install -r {tree}/requirements-dev.txt && python3 -m pip install -e {tree} "
+                      "pytest tblib",
 )
 
 PLATFORMS: dict[str, Platform] = {p.name: p for p in (CPU, CUDA, NPU)}
@@ -137,11 +151,17 @@ def hardware_command(target, component, platform: str, nodes: list[str], on_base
                      python: Path | str | None = None) -> str:
     """What a runner with the hardware runs.
 
-    Without `python`: get the tree (a clone of the base ref, or `kvforge apply --into`), install vLLM
-    for the device, run pytest on `nodes`. With `python` (the interpreter the runner set up for the
+    A component built on another (vllm-ascend): both trees installed on the device
+    (components.hardware_steps), then pytest in the component's tree. Otherwise, without `python`:
+    get the tree (a clone of the base ref, or `kvforge apply --into`), install vLLM for the device,
+    run pytest on `nodes`. With `python` (the interpreter the runner set up for the
     device): `kvforge test --platform P --python PATH --target T`, which picks the selection itself.
     """
     plat = get(platform)
+    if getattr(component, "requires", None) and plat.install_component:
+        from .components import hardware_steps
+
+        return " && ".join(hardware_steps(target, component, plat, nodes, on_base))
     if python is not None:
         cmd = ["kvforge", "test", "--platform", platform, "--python", str(python), "--target", target.name]
         if len(getattr(target, "components", ())) > 1:

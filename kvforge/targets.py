@@ -1,7 +1,11 @@
 """Release targets: which upstream source a series is carried on, and how it is tested.
 
-One TOML file per target in targets/. A target has one or more components (vllm today; vllm-ascend
-joins later), each with its own upstream, offline release source, series, platforms and tests.
+One TOML file per target in targets/. A target has one or more components (vllm; v0.20.2rc also
+vllm-ascend), each with its own upstream, offline release source, series, platforms and tests.
+A component may build on an earlier component of the same target (`requires = "vllm"`): its
+series is applied after that one's, and its tests run with that component's patched tree
+importable (kvforge/components.py). `[components.tests] standins` names the modules its CPU
+tests may replace with kvforge's declared stand-ins (kvforge/data/standins).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ class Release:
 
     @property
     def filename(self) -> str:
-        return f"{self.package}-{self.version}.tar.gz"
+        """The sdist's file name: the project name normalized as PyPI names sdists (PEP 625:
+        lowercase, runs of '-', '_', '.' become '_'), so `vllm-ascend` and `vllm_ascend` both give
+        vllm_ascend-0.20.2rc1.tar.gz."""
+        return f"{re.sub(r'[-_.]+', '_', self.package).lower()}-{self.version}.tar.gz"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ class Component:
     tests: dict[str, tuple[str, ...]]
     in_base: tuple[InBase, ...] = ()
     wheel: "WheelPin | None" = None  # [components.wheel]: the release wheel `kvforge build` overlays
+    requires: str | None = None  # an earlier component whose patched tree this one's tests import
+    standins: tuple[str, ...] = ()  # [components.tests] standins: modules its CPU tests may stand in for
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class Target:
     components: tuple[Component, ...] = field(default_factory=tuple)
 
     def component(self, name: str | None = None) -> Component:
+        """The named component; without a name, the first (the one a single-component target has)."""
         if name is None:
             return self.components[0]
         for c in self.components:
@@ -132,10 +142,12 @@ PACKAGE_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a Py
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
 SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 REF_CHARS_RE = re.compile(r"^[A-Za-z0-9._/+-]+$")
+STANDINS_DIR = Path(__file__).resolve().parent / "data" / "standins"  # kvforge's declared stand-in modules
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")  # a dotted Python module name
 
 KEYS = {
     "target": ("name", "description", "components"),
-    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base", "wheel"),
+    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base", "wheel", "requires"),
     "release": ("package", "version", "sha256"),
     "in_base": ("fix_id", "reason"),
     "wheel": ("filename", "sha256"),
@@ -259,7 +271,25 @@ def parse_target(path: Path, root: Path) -> Target:
             raise fail(f"{where}.platforms lists a platform twice")
         if "tests" not in c:
             raise fail(f"{where} is missing 'tests'")
-        tests = table(c["tests"], f"{where}.tests")
+        tests = dict(table(c["tests"], f"{where}.tests"))
+        standins = tests.pop("standins", [])
+        if not isinstance(standins, list) or not all(isinstance(v, str) and MODULE_RE.match(v) for v in standins):
+            raise fail(f"{where}.tests.standins must be a list of Python module names (e.g. \"torch_npu\")")
+        if len(set(standins)) != len(standins):
+            raise fail(f"{where}.tests.standins lists a module twice")
+        requires = string(c, "requires", where, required=False, pattern=SLUG_RE.match, what="a component name")
+        if requires is not None and requires not in seen - {cname}:
+            raise fail(f"{where}.requires {requires!r} must name an earlier component of this target "
+                       f"(earlier: {', '.join(sorted(seen - {cname})) or 'none'})")
+        if requires is not None and next(x for x in components if x.name == requires).requires:
+            raise fail(f"{where}.requires {requires!r}: that component requires another one itself; one level only")
+        for module in standins:
+            if not (STANDINS_DIR / module / "__init__.py").is_file():
+                raise fail(f"{where}.tests.standins names {module!r}, which kvforge does not ship "
+                           f"(kvforge/data/standins/{module}/__init__.py)")
+        if standins and requires is None:
+            raise fail(f"{where}.tests.standins needs 'requires': stand-ins are for a component tested on "
+                       "another one's tree")
         for p, sel in tests.items():
             if p not in platforms:
                 raise fail(f"{where}.tests.{p} names a platform the component is not tested on")
@@ -281,7 +311,8 @@ def parse_target(path: Path, root: Path) -> Target:
         components.append(
             Component(name=cname, repo=repo, ref=ref, release=release, series_dir=series_dir, platforms=platforms,
                       tests={p: tuple(sel) for p, sel in tests.items()}, in_base=tuple(in_base),
-                      wheel=parse_wheel_pin(c.get("wheel"), f"{where}.wheel", release, fail))
+                      wheel=parse_wheel_pin(c.get("wheel"), f"{where}.wheel", release, fail),
+                      requires=requires, standins=tuple(standins))
         )
     return Target(name=name, description=description, path=path, components=tuple(components))
 

@@ -55,6 +55,37 @@ def test_ceiling_is_capped_below_the_prompt_and_aligned():
     assert ceilings.ceilings([req(p), req(p)], align=32) == [0, 0]
 
 
+def test_lookahead_ceiling_needs_the_token_after_each_block():
+    shared = list(range(16))
+    a = req(shared + [500] + list(range(600, 607)))
+    same_next = req(shared + [500] + list(range(700, 707)))  # leaves a after token 16
+    other_next = req(shared + [501] + list(range(800, 807)))  # leaves a exactly at the boundary
+    reqs = [a, same_next, other_next]
+    assert ceilings.ceilings(reqs, align=8) == [0, 16, 16]
+    # The block ending at 16 is sound only with the same token 16: one block less for other_next.
+    assert ceilings.lookahead_ceilings(reqs, align=8) == [0, 16, 8]
+
+
+def test_lookahead_ceiling_counts_the_block_closed_by_the_last_output():
+    turn1 = req(list(range(16)), output=list(range(1000, 1009)))  # computes 16 + 8 = 24 tokens
+    turn2 = req(turn1["prompt"] + turn1["output"] + list(range(2000, 2030)))
+    # The block ending at 24 is computed; the token after it is the last (never computed) output.
+    assert ceilings.ceilings([turn1, turn2], align=8) == [0, 24]
+    assert ceilings.lookahead_ceilings([turn1, turn2], align=8) == [0, 24]
+
+
+def test_gptoss_eagle_lookahead_bound_is_below_the_ceiling_at_the_system_prompt_boundary():
+    # Every chat leaves the 1200-token system prompt at a 16-token block boundary: with an
+    # EAGLE-style drafter the last system block is sound to reuse only within the same chat.
+    wl = workloads.workload("gptoss-eagle", "", 0.1)
+    align = topologies.hit_alignment(wl["groups"])
+    plain = ceilings.ceilings(wl["requests"], align)
+    sound = ceilings.lookahead_ceilings(wl["requests"], align)
+    first_turns = [i for i, r in enumerate(wl["requests"]) if r["label"].endswith("t0")][1:]
+    assert all(plain[i] - sound[i] == align for i in first_turns)
+    assert all(p == q for i, (p, q) in enumerate(zip(plain, sound)) if i not in first_turns)
+
+
 def test_ceiling_needs_a_contiguous_prefix():
     a = list(range(32))
     b = [999] + a[1:]  # differs in the first token only
@@ -108,6 +139,12 @@ def test_dsv4_repeat_resends_ninety_percent():
 def test_workloads_are_deterministic():
     assert workloads.workload("gptoss-eagle", "", 0.1) == workloads.workload("gptoss-eagle", "", 0.1)
     assert workloads.workload("gptoss-eagle", "", 0.1, seed=1) != workloads.workload("gptoss-eagle", "", 0.1)
+
+
+def test_gptoss_nospec_is_the_same_chats_without_a_drafter():
+    on, off = (workloads.workload("gptoss-eagle", v, 0.1) for v in ("", "nospec"))
+    assert on["config"]["spec"]["method"] == "eagle3" and off["config"]["spec"] is None
+    assert on["requests"] == off["requests"] and on["groups"] == off["groups"]
 
 
 def test_gemma_spec_off_drops_the_draft_group():
@@ -177,7 +214,9 @@ def test_replay_modules_import_only_the_stdlib_vllm_torch_and_each_other():
                 for name in names:
                     root = name.split(".")[0]
                     where = f"{path.name}:{node.lineno}: {name}"
-                    assert root in sys.stdlib_module_names or root in ("vllm", "torch"), where
+                    # replay/ascend.py drives vllm-ascend's coordinator (its tree is on the path there).
+                    allowed = ("vllm", "torch", "vllm_ascend") if path.name == "ascend.py" else ("vllm", "torch")
+                    assert root in sys.stdlib_module_names or root in allowed, where
                     assert root in sys.stdlib_module_names or id(node) not in top_level, where
 
 
@@ -374,6 +413,29 @@ def test_goals_judge_the_patched_tree():
     assert not on_base[("external-hit", "no block id in two groups")]
     assert not on_base[("external-hit", "no invariant violations")]
     assert not on_base[("dsv4-repeat", "within 0.5 points of the ceiling")]
+
+
+def test_goals_compare_a_drafter_with_its_nospec_run_and_the_lookahead_bound():
+    def spec(hits, bound, variant=""):
+        res = result("gptoss-eagle", [("c", hits, 1000, 900)], variant=variant)
+        res["ceiling_lookahead"] = {"hits": bound} if bound is not None else None
+        return res
+
+    docs = {"base": {"results": [spec(850, 880), spec(900, None, "nospec")]},
+            "patched": {"results": [spec(880, 880), spec(900, None, "nospec")]}}
+    judged = {(g["scenario"], g["goal"]): g for g in pc.goals(pc.aggregate(docs))}
+    bound = "at the lookahead bound (a block also needs the token after it)"
+    assert judged[("gptoss-eagle", bound)]["ok"]
+    assert judged[("gptoss-eagle", bound)]["value"] == "880 of 880 tokens; no-spec ceiling 900"
+    nospec = judged[("gptoss-eagle", "at the no-spec rate")]
+    assert not nospec["ok"] and nospec["value"] == "88.00% vs 90.00% without speculative decoding"
+    assert ("gptoss-eagle/nospec", "at the no-spec rate") not in judged
+    assert ("gptoss-eagle/nospec", bound) not in judged
+    on_base = {(g["scenario"], g["goal"]): g["ok"] for g in pc.goals(pc.aggregate(docs), "base")}
+    assert not on_base[("gptoss-eagle", bound)] and not on_base[("gptoss-eagle", "at the no-spec rate")]
+    docs["patched"]["results"][0] = spec(900, 880)
+    judged = {(g["scenario"], g["goal"]): g["ok"] for g in pc.goals(pc.aggregate(docs))}
+    assert judged[("gptoss-eagle", "at the no-spec rate")] and judged[("gptoss-eagle", bound)]
 
 
 def test_render_table_and_per_request_detail():

@@ -292,3 +292,71 @@ def test_the_cpu_job_from_the_matrix_runs(project, base_v0202, monkeypatch):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     report = json.loads(res.stdout)
     assert report["ok"] and report["regression"]["passed"] == 1
+
+
+# ---------------------------------------------------------------- a component built on another: its NPU lane
+
+ON_VLLM = """
+[[components]]
+name = "vllm-ascend"
+repo = "https://invalid.invalid/vllm-ascend.git"
+ref = "releases/v0.20.2rc"
+series = "patches/c-vllm-ascend"
+platforms = ["cpu", "npu"]
+requires = "vllm"
+
+[components.release]
+package = "vllm_ascend"
+version = "0.20.2rc1"
+
+[components.tests]
+standins = ["torch_npu"]
+cpu = ["tests/ut/test_envs.py"]
+npu = ["tests/ut", "tests/ut/test_envs.py"]
+"""
+
+
+def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(proj, tmp_path):
+    write_target(proj, "c", ["cpu"], wheel=False, patch=False)
+    (proj / "targets" / "c.toml").write_text((proj / "targets" / "c.toml").read_text() + ON_VLLM)
+    (proj / "patches" / "c-vllm-ascend").mkdir()
+    (proj / "patches" / "c-vllm-ascend" / "series").write_text("")
+    jobs = {j["id"]: j for j in matrix_json("--target", "c")["jobs"]}
+    assert sorted(jobs) == ["cpu-c-vllm", "cpu-c-vllm-ascend", "npu-c-vllm-ascend"]
+    assert jobs["cpu-c-vllm-ascend"]["command"] == "kvforge verify --target c --component vllm-ascend"
+    npu = jobs["npu-c-vllm-ascend"]
+    from kvforge.platforms import PLATFORMS
+
+    assert npu["runs_on"] == ["linux-aarch64-a2b3-1"] and not npu["runs_here"]
+    assert npu["container"] == PLATFORMS["npu"].container and "cann:9.0.0-910b" in npu["container"]
+    assert npu["setup"][1:] == [
+        "kvforge apply --target c",
+        "VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.20.2 python3 -m pip install -e vllm-c",
+        "python3 -m pip install -r vllm-ascend-c/requirements-dev.txt && python3 -m pip install -e vllm-ascend-c "
+        "pytest tblib"]
+    assert npu["command"] == ("cd vllm-ascend-c && python3 -m pytest -o junit_family=xunit2 "
+                              "--junitxml=kvforge-c-vllm-ascend-npu.xml tests/ut")
+    assert npu["junit"] == ["vllm-ascend-c/kvforge-c-vllm-ascend-npu.xml"]
+    # vLLM's own CI format describes vLLM's tree: the vllm-ascend jobs are not in it.
+    assert [s["device"] for s in yaml().load(matrix("--format", "buildkite-vllm", "--target", "c").stdout)["steps"]] \
+        == ["cpu-small"]
+    # The generated GitHub matrix and Buildkite pipeline with this job pass their validators.
+    y = yaml()
+    wf = y.load(WORKFLOW.read_text())
+    m = github_matrices("--target", "c")
+    assert [e["id"] for e in m["npu"]["include"]] == ["npu-c-vllm-ascend"]
+    for kind in ("cpu", "npu"):  # build and cuda have no job here: their fromJSON stays
+        wf["jobs"][kind]["strategy"]["matrix"] = m[kind]
+    out = tmp_path / "kvforge.yml"
+    buf = io.StringIO()
+    y.dump(wf, buf)
+    out.write_text(buf.getvalue())
+    res = subprocess.run([tool("actionlint"), "-no-color", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    pipe = tmp_path / "pipeline.yml"
+    pipe.write_text(matrix("--format", "buildkite", "--target", "c").stdout)
+    res = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.buildkite", str(pipe)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    step = next(s for s in yaml().load(pipe.read_text())["steps"] if s["key"] == "npu-c-vllm-ascend")
+    assert step["plugins"][0]["docker#v5.12.0"]["image"] == npu["container"]

@@ -548,6 +548,18 @@ def test_titles_follow_each_upstreams_convention():
     assert pr.ascend_title("[Core] Fix x", "fix", "v0.20.2rc", core) == "[v0.20.2rc][Core][BugFix] Fix x"
     assert pr.ascend_title("[Core] Fix x", "fix", "main", core) == "[Core][BugFix] Fix x"
     assert pr.ascend_title("Fix x", "refactor", "main", ["vllm/envs.py"]) == "[Misc][Misc] Fix x"
+    # vllm-ascend's own patches: the module from the package directory they touch; the branch from the ref.
+    touched = ["vllm_ascend/attention/dsa_v1.py", "vllm_ascend/utils.py", "tests/ut/test_x.py"]
+    assert pr.ascend_title("DeepSeek-V4: fix x", "fix", "v0.20.2rc", touched) == \
+        "[v0.20.2rc][Attention][BugFix] DeepSeek-V4: fix x"
+    assert pr.ascend_title("[PrefixCache] Fix x", "fix", None, touched) == "[PrefixCache][BugFix] Fix x"
+    from kvforge.targets import load_target
+
+    repo = Path(__file__).resolve().parent.parent
+    t = load_target("v0.20.2rc", repo)
+    assert pr.ascend_branch("v0.20.2rc", t.component("vllm-ascend")) == "v0.20.2rc"  # releases/v0.20.2rc
+    assert pr.ascend_branch("v0.20.2rc", t.component("vllm")) == "v0.20.2rc"
+    assert pr.ascend_branch("main", load_target("main", repo).component()) is None
 
 
 def test_upstream_templates_pick_the_layout_and_keep_the_checklist():

@@ -39,6 +39,9 @@ STATES = ("base", "patched")
 RESEND_MIN = 0.99  # dsv4-resend: A.3 hit rate
 REPEAT_MAX_GAP = 0.005  # dsv4-repeat: within 0.5 points of the ceiling
 NO_REGRESSION_GAP = 0.001  # controls: patched >= base - 0.1 points
+# Speculative-decoding scenarios (EAGLE-style drafters), each with a "nospec" variant: the spec
+# row should reach the nospec row's rate, and at least the lookahead bound (ceilings.py).
+SPEC_SCENARIOS = ("gemma4-dflash", "gptoss-eagle")
 
 
 def parse_scenarios(spec: str) -> list[tuple[str, str]]:
@@ -81,6 +84,8 @@ def summarize(res: dict) -> dict:
         "admitted_rate": _rate(admitted, prompt),
         "ceiling_hits": ceiling,
         "ceiling_rate": _rate(ceiling, prompt),
+        # With a drafter: the ceiling when a block also needs the token after it (None without).
+        "lookahead_ceiling_hits": (res.get("ceiling_lookahead") or {}).get("hits"),
         "of_ceiling": _rate(admitted, ceiling),
         "violations": sum(v["counts"].values()),
         "violation_kinds": dict(v["counts"]),
@@ -139,6 +144,7 @@ def request_rate(summary: dict | None, label: str) -> float | None:
 def goals(rows: list[dict], state: str = "patched") -> list[dict]:
     """The issue's goals, judged on one tree (the patched one unless it has no patches)."""
     out = []
+    by_label = {row["label"]: row for row in rows}
     for row in rows:
         s, b = row.get(state), row.get("base")
         if s is None:
@@ -160,7 +166,17 @@ def goals(rows: list[dict], state: str = "patched") -> list[dict]:
             add("no block id in two groups", s["block_ids_in_two_groups"] == 0,
                 f"{s['block_ids_in_two_groups']} ids; trigger held for {held} requests"
                 + ("" if held else " (not exercised)"))
-        if b is not None and state != "base" and row["scenario"] in ("gptoss-eagle", "gemma4-dflash"):
+        nospec = by_label.get(f"{row['scenario']}/nospec", {}).get(state)
+        if row["scenario"] in SPEC_SCENARIOS and not row["variant"] and nospec is not None:
+            gap = (nospec["admitted_rate"] or 0) - (s["admitted_rate"] or 0)
+            add("at the no-spec rate", gap <= NO_REGRESSION_GAP,
+                f"{_pct(s['admitted_rate'])} vs {_pct(nospec['admitted_rate'])} without speculative decoding")
+        if row["scenario"] in SPEC_SCENARIOS and s.get("lookahead_ceiling_hits") is not None:
+            bound = s["lookahead_ceiling_hits"]
+            add("at the lookahead bound (a block also needs the token after it)",
+                s["admitted_hits"] >= bound,
+                f"{s['admitted_hits']:,} of {bound:,} tokens; no-spec ceiling {s['ceiling_hits']:,}")
+        if b is not None and state != "base" and row["scenario"] in SPEC_SCENARIOS:
             drop = (b["admitted_rate"] or 0) - (s["admitted_rate"] or 0)
             add("no regression against base", drop <= NO_REGRESSION_GAP,
                 f"{_pct(s['admitted_rate'])} vs {_pct(b['admitted_rate'])}")
@@ -335,14 +351,14 @@ class BenchResult:
 
 
 def run_replay(python: Path, environ: dict[str, str], tree: Path, runs: list[tuple[str, str]], scale: float,
-               seed: int, out: Path, label: str, progress: Progress) -> dict:
+               seed: int, out: Path, label: str, progress: Progress, mode: list[str] | None = None) -> dict:
     """Run the replay in `tree` with the environment's python; stream its progress; return its document.
 
     `python REPLAY` (a directory): its __main__.py loads the files next to it, and only them, under a
     private package name, with kvforge blocked; the environment's PYTHONPATH is left as it is.
     """
-    cmd = [str(python), str(REPLAY), "--scenario", ",".join(run_label(*r) for r in runs), "--scale", repr(scale),
-           "--seed", str(seed), "--out", str(out)]
+    cmd = [str(python), str(REPLAY), *(mode or ["--scenario", ",".join(run_label(*r) for r in runs)]),
+           "--scale", repr(scale), "--seed", str(seed), "--out", str(out)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     log = out.with_suffix(".log")
@@ -376,6 +392,8 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
     say, target, cache = ctx.progress, ctx.target, ctx.cache
     if not scale > 0:
         raise KvforgeError(f"--scale must be > 0 (got {scale})", EXIT_USAGE)
+    if ctx.component.name == "vllm-ascend":  # seed 001 through vllm-ascend's coordinator (below)
+        return bench_ascend(ctx, scenario_spec, scale, seed)
     runs = parse_scenarios(scenario_spec)
     start = time.monotonic()
     comp = ctx.component
@@ -443,3 +461,96 @@ def print_bench(result: BenchResult, echo: Callable[[str], None]) -> None:
          "line and the metrics count them); per-request: the admitted lookup of each request over its prompt "
          "tokens; ceiling: what an unbounded cache could serve; of ceiling: per-request hits / ceiling hits.")
     echo("results: " + ", ".join(result.files))
+
+
+# ---------------------------------------------------------------- vllm-ascend: seed 001 (replay/ascend.py)
+
+ASCEND_SCENARIO = "ascend-dsv4-repeat"
+ASCEND_BLOCK_SIZES = (128, 64, 32)
+# (vllm-ascend tree, vLLM tree) -> the state's name; the first two are the brief's "base" and "patched".
+ASCEND_STATES = (("base", "patched", "base"), ("patched", "patched", "patched"),
+                 ("base", "base", "base@vllm-base"), ("patched", "base", "patched@vllm-base"))
+
+
+def ascend_environ(env, comp, vllm_tree: Path) -> dict[str, str]:
+    """The replay's environment for a vllm-ascend tree: the vLLM test environment, `vllm_tree`
+    importable, the component's declared stand-ins, and only kvforge's CPU platform plugin (a
+    vllm-ascend tree root also registers vllm_ascend's NPU platform through its egg-info)."""
+    from ..targets import STANDINS_DIR
+
+    environ = env.environ()
+    path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    standins = tuple(getattr(comp, "standins", ()))
+    if standins:
+        path.insert(0, str(STANDINS_DIR / "_loader"))
+        environ.update(KVFORGE_STANDINS=",".join(standins), KVFORGE_STANDINS_DIR=str(STANDINS_DIR))
+    environ["PYTHONPATH"] = os.pathsep.join([*path, str(vllm_tree)])
+    environ["VLLM_PLUGINS"] = "kvforge_cpu"
+    return environ
+
+
+def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int) -> BenchResult:
+    """Seed 001 per --block-size on the vllm-ascend base and patched trees, each with the target's
+    patched vLLM tree and, for comparison, its base vLLM tree; vLLM's scheduler with vllm-ascend's
+    coordinator, managers and DeepSeek-V4 specs (replay/ascend.py)."""
+    from ..env import target_env
+    from ..trees import open_stack
+
+    say = ctx.progress
+    if scenario_spec not in ("all", ASCEND_SCENARIO):
+        raise KvforgeError(f"--scenario: vllm-ascend has one scenario, {ASCEND_SCENARIO} (got {scenario_spec})",
+                           EXIT_USAGE)
+    start = time.monotonic()
+    comp = ctx.component
+    vctx = ctx.for_component(comp.requires or ctx.target.components[0].name)
+    astack, vstack = open_stack(ctx), open_stack(vctx)
+    env = target_env(vctx, base=vstack.base)
+    env.check()
+    result = BenchResult(ctx.target.name, comp.name, astack.base.commit, astack.base.ref, astack.digest, astack.size,
+                         astack.origin, scale, seed, [f"{ASCEND_SCENARIO}/bs{b}" for b in ASCEND_BLOCK_SIZES],
+                         env.key)
+    result.note = (f"vLLM trees: base {vstack.base.commit[:12]}, patched = {vstack.size} patches of "
+                   f"{vctx.component.series_dir.name} (digest {vstack.digest}); state X@vllm-base: the vllm-ascend "
+                   "tree X on vLLM's base tree")
+    name = f"s{scale:g}-seed{seed}-vllm{vstack.digest[:8]}"
+    outdir = evidence.attachments(ctx.cache, astack.key, "bench-prefix-cache", name)
+    mode = ["ascend", "--block-sizes", ",".join(map(str, ASCEND_BLOCK_SIZES))]
+    with vstack.lock(say), astack.lock(say):
+        for a_state, v_state, state in ASCEND_STATES:
+            vstack.checkout(vstack.size if v_state == "patched" else 0)
+            commit = astack.checkout(astack.size if a_state == "patched" else 0)
+            say(f"replaying seed 001 on the {a_state} vllm-ascend tree ({commit[:12]}) with the {v_state} vLLM tree, "
+                f"scale {scale:g}")
+            t0 = time.monotonic()
+            out = outdir / f"{state.replace('@', '-')}.json"
+            doc = run_replay(env.python, ascend_environ(env, comp, vstack.worktree), astack.worktree, [], scale, seed,
+                             out, state, say, mode=mode)
+            result.trees.append(TreeRun(state, commit, doc, time.monotonic() - t0, out))
+            result.files.append(str(out))
+    result.rows = aggregate({t.state: t.doc for t in result.trees})
+    result.goals = ascend_goals(result.rows)
+    result.seconds = time.monotonic() - start
+    record = evidence.Record("bench-prefix-cache", astack.key, name, astack.origin, "cpu", not result.errors,
+                             data=result.to_json())
+    result.files.append(str(evidence.save(ctx.cache, record)))
+    return result
+
+
+def ascend_goals(rows: list[dict]) -> list[dict]:
+    """Seed 001's goals per block size and vLLM tree: the base (128 forced) hits nothing; the patched
+    tree at 32 / 64 gets what its alignment allows (no more, no less), without invariant violations."""
+    out = []
+    for row in rows:
+        for base_state, patched_state in (("base", "patched"), ("base@vllm-base", "patched@vllm-base")):
+            b, p = row.get(base_state), row.get(patched_state)
+            where = f"{row['label']} [{patched_state}]"
+            if b is not None:
+                out.append({"scenario": f"{row['label']} [{base_state}]", "goal": "base: 0% (block size pinned to 128)",
+                            "ok": b["admitted_hits"] == 0, "value": _pct(b["admitted_rate"])})
+            if p is not None:
+                out.append({"scenario": where, "goal": "patched: hits = ceiling",
+                            "ok": p["admitted_hits"] == p["ceiling_hits"],
+                            "value": f"{p['admitted_hits']:,} of {p['ceiling_hits']:,} tokens"})
+                out.append({"scenario": where, "goal": "no invariant violations", "ok": p["violations"] == 0,
+                            "value": ", ".join(f"{k} {v}" for k, v in p["violation_kinds"].items()) or "none"})
+    return out

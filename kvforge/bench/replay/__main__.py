@@ -23,4 +23,6 @@ _spec = importlib.util.spec_from_file_location("kvforge_replay", os.path.join(_H
 _pkg = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _pkg
 _spec.loader.exec_module(_pkg)
-sys.exit(importlib.import_module("kvforge_replay.cli").main())
+sys.argv[1:2] == ["ascend"] and sys.exit(importlib.import_module("kvforge_replay.ascend").main(sys.argv[2:]))  # ascend.py
+# `python <this directory> overhead`: the scheduler-overhead server (overhead.py); else the replay (cli.py).
+sys.exit(importlib.import_module("kvforge_replay." + ("overhead" if sys.argv[1:2] == ["overhead"] else "cli")).main())

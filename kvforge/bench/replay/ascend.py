@@ -1,0 +1,297 @@
+"""vllm-ascend's DeepSeek-V4 prefix-cache replay: seed 001 through vLLM's scheduler with Ascend's
+coordinator and managers. Needs vLLM and vllm_ascend.
+
+    cd <vllm-ascend tree> && PYTHONPATH=<vLLM tree>[:stand-ins] \\
+        python <kvforge>/bench/replay ascend [--block-sizes 128,64,32] [--scale F] [--seed N] [--out FILE]
+
+cwd is a vllm-ascend tree (base or patched), the vLLM tree comes from PYTHONPATH. With
+VLLM_ASCEND_APPLY_DSV4_PATCH=1 (set here), importing vllm_ascend.patch.platform installs Ascend's
+KV cache specs and AscendHybridKVCacheCoordinator with the managers of
+vllm_ascend/core/single_type_kv_cache_manager.py, as on an NPU. The DeepSeek-V4 geometry is the
+tree's own: for each requested --block-size, the tree's refresh_block_size resolves the block
+size (the base forces 128) and the tree's layers build their KV cache specs (DSAAttention C4 and
+C128, the C4 indexer cache, the SWA cache, the three compressor state caches), one KV cache group
+each. vLLM's Scheduler then replays seed 001's workload (8,192-token prompts, 90% re-sends of an
+earlier prompt, 32 in flight) with the driver's step loop. Hits can only be multiples of the
+coordinator's lcm_block_size (lcm of block_size x compress_ratio): the ceiling uses that
+alignment. Writes the replay document (cli.py's schema): one result per block size, labelled
+scenario "ascend-dsv4-repeat", variant "bs<N>"; a block size that raises is an error entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+from types import SimpleNamespace
+
+from . import driver
+from .compat import Features, kw
+from .driver import SCHEMA, say
+
+SCENARIO = "ascend-dsv4-repeat"
+BLOCK_SIZES = (128, 64, 32)
+PROMPT_TOKENS = 8192  # not scaled: the prompt against the hit granularity is the bug
+# DeepSeek-V4-Flash: head_dim 512, indexer head_dim 128 (int8 + fp16 scale), sliding window 128.
+HEAD_DIM, INDEX_HEAD_DIM, WINDOW = 512, 128, 128
+
+
+def workload(scale: float, seed: int) -> dict:
+    """Seed 001: 8K-token prompts x concurrency 32, 90% re-send a prompt first sent >= 32 requests earlier.
+
+    The request count and output length scale; the prompt length does not."""
+    rng = random.Random(f"{SCENARIO}:{seed}")
+    conc = 32
+    n = max(64, round(512 * scale))
+    out_len = max(8, round(1024 * scale))
+    repeat_at = set(rng.sample(range(conc, n), min(round(0.9 * n), n - conc)))
+    prompts: list[list[int]] = []
+    first_sent: list[int] = []
+    reqs = []
+    for i in range(n):
+        eligible = [p for p, j in enumerate(first_sent) if j <= i - conc]
+        if i in repeat_at and eligible:
+            p = rng.choice(eligible)
+            reqs.append(dict(label=f"r{i}=p{p}", prompt=prompts[p]))
+        else:
+            prompts.append([rng.randrange(1000, 100_000) for _ in range(PROMPT_TOKENS)])
+            first_sent.append(i)
+            reqs.append(dict(label=f"r{i}:p{len(prompts) - 1}", prompt=prompts[-1]))
+        reqs[-1]["output"] = [rng.randrange(1000, 100_000) for _ in range(out_len)]
+    for i, r in enumerate(reqs):
+        r["id"], r["after"] = f"{i:04d}-{r['label']}", None
+    cfg = dict(num_blocks=0, max_num_batched_tokens=8192, max_num_seqs=256, concurrency=conc,
+               max_model_len=32_768, spec=None)
+    notes = [f"{n} requests of {PROMPT_TOKENS} prompt tokens, {len(prompts)} distinct prompts, "
+             f"{n - len(prompts)} re-sends; {out_len} output tokens; concurrency {conc}"]
+    return dict(config=cfg, requests=reqs, notes=notes)
+
+
+# ---------------------------------------------------------------- the tree's own DeepSeek-V4 geometry
+
+def _load_worker_patch(name: str):
+    """Import one module of vllm_ascend.patch.worker without that package's __init__, which applies
+    every worker patch (some import vision models that need torchvision)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    import vllm_ascend
+
+    path = os.path.join(os.path.dirname(vllm_ascend.__file__), *name.split(".")[1:]) + ".py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _init_single_process_group() -> None:
+    """The compressor's linear layers ask for the tensor-parallel rank: a one-process gloo group."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+        initialize_model_parallel(1, 1)
+
+
+def dsv4_specs(requested: int, feats: Features) -> tuple[int, list[tuple[str, object]]]:
+    """(effective block size, [(group, KV cache spec)]) as this vllm-ascend tree builds them."""
+    import torch
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+
+    import vllm_ascend.patch.platform  # noqa: F401  the global patches (specs, coordinator), as at start-up
+    from vllm_ascend.ascend_config import init_ascend_config
+    from vllm_ascend.utils import refresh_block_size
+
+    pdc = _load_worker_patch("vllm_ascend.patch.worker.patch_deepseek_compressor")
+    from vllm_ascend.models import deepseek_v4
+    from vllm_ascend.models.layer.attention.layer import DSAAttention
+
+    vllm_config = VllmConfig(cache_config=CacheConfig(block_size=requested, enable_prefix_caching=True),
+                             scheduler_config=SchedulerConfig(max_model_len=8192, is_encoder_decoder=False))
+    init_ascend_config(vllm_config)
+    model_config = SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v4"), is_hybrid=False,
+                                   dtype=torch.bfloat16)
+    refresh_block_size(SimpleNamespace(cache_config=vllm_config.cache_config, model_config=model_config,
+                                       scheduler_config=vllm_config.scheduler_config))
+    effective = vllm_config.cache_config.block_size
+    vllm_config.model_config = model_config
+    cache_config = vllm_config.cache_config
+    _init_single_process_group()
+    hf = SimpleNamespace(hidden_size=64, qk_rope_head_dim=64, rms_norm_eps=1e-6)  # sizes the specs do not read
+    specs = []
+    with set_current_vllm_config(vllm_config):
+        for ratio in (4, 128):
+            layer = SimpleNamespace(compress_ratio=ratio, kv_cache_dtype="auto", head_size=HEAD_DIM)
+            specs.append((f"c{ratio}_attn", DSAAttention.get_kv_cache_spec(layer, vllm_config)))
+        specs.append(("c4_indexer", pdc.AscendDeepseekV4IndexerCache(
+            head_dim=INDEX_HEAD_DIM, dtype=torch.int8, prefix=f"bs{requested}.k_cache", cache_config=cache_config,
+            compress_ratio=4).get_kv_cache_spec(vllm_config)))
+        specs.append(("swa", pdc.AscendDeepseekV4SWACache(
+            head_dim=HEAD_DIM, window_size=WINDOW, dtype=torch.bfloat16, prefix=f"bs{requested}.swa",
+            cache_config=cache_config).get_kv_cache_spec(vllm_config)))
+        for name, ratio, head_dim, rotate in (("c4_attn_state", 4, HEAD_DIM, False),
+                                              ("c4_indexer_state", 4, INDEX_HEAD_DIM, True),
+                                              ("c128_attn_state", 128, HEAD_DIM, False)):
+            comp = deepseek_v4.Compressor(vllm_config, hf, ratio, head_dim=head_dim, rotate=rotate,
+                                          cache_config=cache_config, prefix=f"bs{requested}.{name}")
+            specs.append((name, comp.state_cache.get_kv_cache_spec(vllm_config)))
+    feats["requested_block_size"], feats["effective_block_size"] = requested, effective
+    return effective, specs
+
+
+def group_record(name: str, spec) -> dict:
+    """A spec as the result's topology records it (tokens_per_block: what one block spans)."""
+    ratio = max(getattr(spec, "compress_ratio", 1) or 1, 1)
+    rec = dict(group=name, spec=type(spec).__name__, block_size=spec.block_size, compress_ratio=ratio,
+               tokens_per_block=spec.block_size * ratio, page_size_bytes=spec.page_size_bytes,
+               head_size=spec.head_size, dtype=str(spec.dtype).removeprefix("torch."))
+    if getattr(spec, "sliding_window", None):
+        rec["window"] = spec.sliding_window
+    return rec
+
+
+# ---------------------------------------------------------------- the scheduler, as the engine core builds it
+
+def build(specs: list[tuple[str, object]], wl: dict, feats: Features):
+    """vLLM's Scheduler over the given KV cache groups (vllm-ascend's coordinator once patched)."""
+    import vllm
+    from vllm import config as vcfg
+    from vllm.v1 import kv_cache_interface as kvi
+    from vllm.v1.core import kv_cache_utils as kcu
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    feats["vllm_version"] = getattr(vllm, "__version__", "?")
+    feats["vllm_file"] = vllm.__file__
+    cfg = wl["config"]
+    model_config = vcfg.ModelConfig(**kw(
+        vcfg.ModelConfig, model=os.environ.get("KVFORGE_REPLAY_MODEL", "Qwen/Qwen3-0.6B"), dtype="float16",
+        seed=0, skip_tokenizer_init=True, max_model_len=cfg["max_model_len"]))
+    scheduler_config = vcfg.SchedulerConfig(**kw(
+        vcfg.SchedulerConfig, max_num_seqs=cfg["max_num_seqs"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
+        max_model_len=cfg["max_model_len"], enable_chunked_prefill=True, async_scheduling=False,
+        is_encoder_decoder=False))
+    cache_config = vcfg.CacheConfig(**kw(vcfg.CacheConfig, block_size=16, gpu_memory_utilization=0.9,
+                                         cache_dtype="auto", enable_prefix_caching=True))
+    vllm_config = vcfg.VllmConfig(**kw(vcfg.VllmConfig, model_config=model_config, cache_config=cache_config,
+                                       scheduler_config=scheduler_config, parallel_config=vcfg.ParallelConfig()))
+    groups = [kvi.KVCacheGroupSpec([f"model.layers.{i}.{name}"], spec) for i, (name, spec) in enumerate(specs)]
+    kv_cache_config = kvi.KVCacheConfig(num_blocks=cfg["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
+    # What EngineCore._initialize_kv_caches does with the workers' config.
+    cache_config.num_gpu_blocks = cfg["num_blocks"]
+    cache_config.block_size = min(spec.block_size for _, spec in specs)
+    sched_bs, hash_bs = kcu.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    feats["scheduler_block_size"], feats["hash_block_size"] = sched_bs, hash_bs
+    scheduler = Scheduler(**kw(
+        Scheduler, vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config), include_finished_set=False,
+        log_stats=True, block_size=sched_bs, hash_block_size=hash_bs))
+    try:
+        from vllm.utils.hashing import get_hash_fn_by_name
+    except ImportError:  # pragma: no cover - older layout
+        from vllm.utils import get_hash_fn_by_name  # type: ignore
+    hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+    kcu.init_none_hash(hash_fn)
+    block_hasher = kcu.get_request_block_hasher(hash_bs, hash_fn)
+    coord = scheduler.kv_cache_manager.coordinator
+    feats["coordinator"] = f"{type(coord).__module__}.{type(coord).__name__}"
+    feats["managers"] = [type(m).__name__ for m in coord.single_type_managers]
+    feats["coordinator.lcm_block_size"] = getattr(coord, "lcm_block_size", None)
+    return scheduler, block_hasher, vllm_config
+
+
+def hit_alignment(specs: list[tuple[str, object]]) -> int:
+    """The granularity of a hit in AscendHybridKVCacheCoordinator: lcm of block_size x compress_ratio."""
+    return math.lcm(*(spec.block_size * max(getattr(spec, "compress_ratio", 1) or 1, 1) for _, spec in specs))
+
+
+def run(requested: int, scale: float, seed: int) -> dict:
+    """One block size: the tree's geometry, then the workload through the scheduler (driver.run_one)."""
+    feats = Features()
+    effective, specs = dsv4_specs(requested, feats)
+    align = hit_alignment(specs)
+    wl = workload(scale, seed)
+    wl["groups"] = [group_record(name, spec) for name, spec in specs]
+    # An unbounded pool, as the ceiling assumes: every block the run allocates in any group stays
+    # cached (the 2-token compressor-state blocks alone cycle a bug report's 54,774-block pool many
+    # times per 8K prompt; that eviction churn is seed 000's bug, not this one).
+    wl["config"]["num_blocks"] = 1024 + sum(
+        sum(-(-(len(r["prompt"]) + len(r["output"])) // g["tokens_per_block"]) + 1 for g in wl["groups"])
+        for r in wl["requests"])
+    # driver.run_one builds the scheduler with scheduler.build (group dicts -> vLLM's specs) and sizes
+    # the ceiling with topologies.hit_alignment; here both come from the tree's own specs.
+    saved = driver.build, driver.hit_alignment
+    driver.build = lambda _wl, f: (f.update(feats), build(specs, wl, f))[1]
+    driver.hit_alignment = lambda _groups: align
+    try:
+        res = driver.run_one(wl, SCENARIO, f"bs{requested}", scale, seed)
+    finally:
+        driver.build, driver.hit_alignment = saved
+    if res["features"].get("coordinator.lcm_block_size") not in (None, align):
+        raise RuntimeError(f"coordinator lcm_block_size {res['features']['coordinator.lcm_block_size']} "
+                           f"!= {align} computed from the specs")
+    res["notes"] = list(res["notes"]) + [f"--block-size {requested}: the tree uses {effective}; hits are "
+                                         f"multiples of {align} tokens"]
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [int(x) for x in args.block_sizes.split(",") if x.strip()]
+    except ValueError:
+        ap.error("--block-sizes: comma-separated integers")
+    if not args.scale > 0:
+        ap.error("--scale must be > 0")
+    os.environ["VLLM_ASCEND_APPLY_DSV4_PATCH"] = "1"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    os.environ.setdefault("VLLM_USAGE_STATS_DISABLED", "1")
+    sys.path.insert(0, os.getcwd())  # the vllm-ascend tree
+    real_stdout, sys.stdout = sys.stdout, sys.stderr
+    doc = dict(schema=SCHEMA, cwd=os.getcwd(), scale=args.scale, seed=args.seed, results=[], errors=[])
+    t0 = time.perf_counter()
+    try:
+        for bs in sizes:
+            say(f"start {SCENARIO}/bs{bs} (scale {args.scale})")
+            try:
+                res = run(bs, args.scale, args.seed)
+            except Exception as exc:  # report, keep going with the other block sizes
+                import traceback
+                doc["errors"].append(dict(scenario=SCENARIO, variant=f"bs{bs}", error=f"{type(exc).__name__}: {exc}",
+                                          traceback=traceback.format_exc(limit=8)))
+                say(f"error {SCENARIO}/bs{bs}: {type(exc).__name__}: {exc}")
+                continue
+            doc["results"].append(res)
+            o = res["overall"]
+            say(f"done {SCENARIO}/bs{bs}: hit {o.get('hits', 0)}/{o.get('queries', 0)} tokens, "
+                f"{res['seconds']['replay']:.1f}s replay")
+    finally:
+        sys.stdout = real_stdout
+    doc["seconds"] = round(time.perf_counter() - t0, 3)
+    text = json.dumps(doc, sort_keys=True, default=str)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    else:
+        real_stdout.write(text + "\n")
+    return 0

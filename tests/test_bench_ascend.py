@@ -1,0 +1,88 @@
+"""`kvforge bench prefix-cache --component vllm-ascend`: seed 001 through vLLM's real scheduler with
+vllm-ascend's coordinator, managers and DeepSeek-V4 specs (kvforge/bench/replay/ascend.py).
+
+One real small run: the command's own path (both components' stacks from the project's series, the
+vLLM test environment, stand-ins, the replay subprocess), narrowed to one state (the patched
+vllm-ascend tree on vLLM's base tree) and two block sizes, at the smallest scale (64 requests of
+8,192 prompt tokens). The session's cache (conftest: vLLM 0.20.2 imported once) gets the vllm-ascend
+sdist from the user's kvforge downloads; the environment is ~/.cache/kvforge/envs (or
+$KVFORGE_TEST_ENVS), as in test_bench_slow.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvforge.bench import prefix_cache as pc
+from kvforge.cache import Cache, default_cache_dir
+from kvforge.context import Context
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASCEND_SDIST = "vllm_ascend-0.20.2rc1.tar.gz"
+# Resolved at import, before fixtures point $KVFORGE_CACHE at a throw-away cache.
+TEST_ENVS = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "envs")
+USER_DOWNLOADS = default_cache_dir() / "downloads"
+
+
+@pytest.fixture(scope="module")
+def ascend_bench(base_v0202) -> pc.BenchResult:
+    cache, _ = base_v0202  # the session's cache: vLLM 0.20.2's base is imported there once
+    src = USER_DOWNLOADS / ASCEND_SDIST
+    if not src.is_file():
+        from kvforge.bases import download_sdist
+        from kvforge.targets import load_target
+
+        download_sdist(load_target("v0.20.2rc", REPO_ROOT).component("vllm-ascend"), Cache(default_cache_dir()), print)
+    shutil.copy2(src, cache.downloads / ASCEND_SDIST)
+    TEST_ENVS.mkdir(parents=True, exist_ok=True)
+    if not (cache.root / "envs").exists():  # created lazily: as test_verify_slow.py does
+        (cache.root / "envs").symlink_to(TEST_ENVS, target_is_directory=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVFORGE_ROOT", str(REPO_ROOT))
+    ctx = Context.load(cache, "v0.20.2rc", "vllm-ascend", source="sdist")
+    mp.setattr(pc, "ASCEND_STATES", (("patched", "base", "patched@vllm-base"),))
+    mp.setattr(pc, "ASCEND_BLOCK_SIZES", (128, 32))
+    try:
+        return pc.bench_ascend(ctx, "all", 0.01, 0)
+    finally:
+        mp.undo()
+
+
+def _doc_result(bench: pc.BenchResult, variant: str) -> dict:
+    [tree] = bench.trees
+    return next(r for r in tree.doc["results"] if r["variant"] == variant)
+
+
+def test_replay_runs_vllm_ascend_coordinator_with_the_trees_own_geometry(ascend_bench):
+    assert ascend_bench.component == "vllm-ascend" and not ascend_bench.errors
+    for variant, block, align, c4_state in (("bs128", 128, 16384, 8), ("bs32", 32, 4096, 2)):
+        res = _doc_result(ascend_bench, variant)
+        f = res["features"]
+        assert f["coordinator"].endswith("patch_kv_cache_coordinator.AscendHybridKVCacheCoordinator")
+        assert "CompressAttentionManager" in f["managers"]
+        assert f["effective_block_size"] == block and f["coordinator.lcm_block_size"] == align == res["hit_alignment"]
+        groups = {g["group"]: g for g in res["topology"]}
+        assert groups["c128_attn"]["tokens_per_block"] == block * 128
+        assert groups["c4_attn_state"]["block_size"] == c4_state
+        # Every group keeps the page of the tensor it shares, at any block size.
+        assert {g["page_size_bytes"] for n, g in groups.items() if "indexer" not in n} == {block * 1024}
+        assert {r["prompt_tokens"] for r in res["requests"]} == {8192}
+
+
+def test_block_128_cannot_hit_and_block_32_hits_resent_prompts(ascend_bench):
+    [row128] = [r for r in ascend_bench.rows if r["variant"] == "bs128"]
+    [row32] = [r for r in ascend_bench.rows if r["variant"] == "bs32"]
+    s128, s32 = row128["patched@vllm-base"], row32["patched@vllm-base"]
+    # Seed 001: with block 128 a hit is a multiple of 16,384 tokens: nothing in an 8K prompt.
+    assert s128["ceiling_hits"] == 0 and s128["admitted_hits"] == 0 and s128["hits"] == 0
+    # Block 32: a hit is due in 4,096-token units on every re-send, and each re-send gets exactly that.
+    resends = [r for r in s32["per_request"] if "=" in r["label"]]
+    assert resends and all(r["ceiling"] == r["hit"] == 4096 for r in resends)
+    assert all(r["hit"] == 0 for r in s32["per_request"] if "=" not in r["label"])
+    assert s32["admitted_hits"] == s32["ceiling_hits"] > 0 and s32["violations"] == 0
+    goals = {(g["scenario"], g["goal"]): g["ok"] for g in ascend_bench.goals}
+    assert goals[(f"{row32['label']} [patched@vllm-base]", "patched: hits = ceiling")]
