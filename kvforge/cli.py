@@ -98,7 +98,8 @@ def cache_option(fn):
 
     def store(ctx: click.Context, _param, value):
         if value is not None:
-            ctx.find_root().obj = Cache(value)
+            # The subcommand's context already copied the root's obj: set both.
+            ctx.obj = ctx.find_root().obj = Cache(value)
         return value
 
     return click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), expose_value=False,
@@ -205,10 +206,12 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
 @target_option
 @component_option
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path),
-              help="Make a standalone git repository here [default: ./<component>-<target>].")
+              help="Make a standalone git repository here [default: ./<component>-<target>; a target with several "
+                   "components and no --component: each component into its own].")
 @click.option("--repo-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Instead: add the branch to this existing clone (its checkout, index and changes are untouched).")
-@click.option("--branch", help="Branch to create [default: kvforge/<target>].")
+@click.option("--branch", help="Branch to create [default: kvforge/<target>; kvforge/<target>-<component> for a "
+                                "target's second component].")
 @click.option("--keep-conflict", is_flag=True,
               help="On failure, leave the tree at the failing patch with conflict markers (git am in progress).")
 @source_option
@@ -226,18 +229,22 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
                     never affects it.
     --repo-dir DIR  the branch (and base tag) fetched into your existing clone.
 
+    A target with several components (v0.20.2rc: vllm, then vllm-ascend) without --component
+    applies each into ./<component>-<target>, every series prepared before any tree is made.
+
     Transactional: the series is applied in kvforge's own worktree and your tree or branch appears
     only when every patch is in. If a patch fails, nothing is left and the error names the patch,
     file, hunk and line. Re-running is a no-op when the branch already holds exactly this series;
     a branch that differs (your work) is never touched: the refusal says how to keep it.
     """
-    from .apply import ApplyFailure, apply_target
+    from .apply import ApplyFailure, apply_components
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
     if into is not None and repo_dir is not None:
         raise KvforgeError("--into and --repo-dir exclude each other", EXIT_USAGE)
     try:
-        result = apply_target(ctx, into=into, repo_dir=repo_dir, branch=branch, keep_conflict=keep_conflict)
+        results = apply_components(ctx, component, into=into, repo_dir=repo_dir, branch=branch,
+                                   keep_conflict=keep_conflict)
     except ApplyFailure as failure:
         if as_json:
             emit_json({"target": ctx.target.name, "ok": False, "error": str(failure).splitlines()[0],
@@ -247,11 +254,15 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
         click.echo(f"kvforge: error: {failure}", err=True)
         sys.exit(failure.exit_code)
     if as_json:
-        emit_json({**result.to_json(), "ok": True})
+        emit_json({**results[0].to_json(), "ok": True} if len(results) == 1 else
+                  {"target": ctx.target.name, "ok": True, "components": [r.to_json() for r in results]})
         return
-    _print_outcomes(result.patches)
-    click.echo("")
-    click.echo(result.summary())
+    for result in results:
+        if len(results) > 1:
+            click.echo(f"{result.target}/{result.component}:")
+        _print_outcomes(result.patches)
+        click.echo("")
+        click.echo(result.summary())
 
 
 def _print_outcomes(outcomes) -> None:
@@ -263,20 +274,21 @@ def _print_outcomes(outcomes) -> None:
 @cli.command("lint")
 @click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
               help="Lint only these targets' series (repeatable) [default: all].")
+@click.option("--component", metavar="NAME", help="Lint only this component's series [default: every component].")
 @json_option
 @handle_errors
-def lint_cmd(target_names: tuple[str, ...], as_json: bool) -> None:
+def lint_cmd(target_names: tuple[str, ...], component: str | None, as_json: bool) -> None:
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree."""
-    from .series import lint_targets
+    from .components import lint_selected
 
-    checked, ntargets, problems = lint_targets(target_names)
+    checked, nseries, problems = lint_selected(target_names, component)
     if as_json:
         emit_json({"patches": checked, "problems": [{"file": str(p.path), "line": p.line, "message": p.message}
                                                    for p in problems]})
     else:
         for p in problems:
             click.echo(str(p))
-        click.echo(f"{checked} patches in {ntargets} targets: "
+        click.echo(f"{checked} patches in {nseries} series: "
                    + (f"{len(problems)} problem{'s' if len(problems) > 1 else ''}" if problems else "clean"),
                    err=bool(problems))
     if problems:
@@ -284,12 +296,32 @@ def lint_cmd(target_names: tuple[str, ...], as_json: bool) -> None:
 
 
 @cli.command("status")
+@click.option("--check", is_flag=True,
+              help="Evaluate every patch's Drop-When against its target's base: which could be dropped now "
+                   "(materialises the bases into the cache).")
 @json_option
+@click.pass_obj
 @handle_errors
-def status_cmd(as_json: bool) -> None:
-    """Fixes x targets: what each target carries, with its upstream status, or why it needs no patch."""
-    from .status import render_status, status_matrix
+def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
+    """Fixes x targets: what each target carries, with its upstream status, or why it needs no patch,
+    and the patches `kvforge rebase` dropped (with the signals that said upstream has them).
+
+    --check: each patch's Drop-When (version >= X, base-contains C, upstream-pr-merged URL, never)
+    against its target's base: drop now, keep, or cannot tell here (an sdist base has no history;
+    a PR's state needs the network).
+    """
     from .targets import load_all
+
+    if check:
+        from .status import drop_check, drop_check_json, render_drop_check
+
+        rows = drop_check(load_all(), cache, progress)
+        if as_json:
+            emit_json(drop_check_json(rows))
+        else:
+            click.echo(render_drop_check(rows))
+        return
+    from .status import render_status, status_matrix
 
     matrix = status_matrix(load_all())
     if as_json:
@@ -319,10 +351,15 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     series directory is replaced in one step; on any problem nothing in it changes. Unchanged
     commits re-export byte for byte; existing file names are kept unless --renumber. Default
     --from: branch kvforge/<target> of the repository at the current directory, else of
-    ./<component>-<target>.
+    ./<component>-<target>. On a target with several components, --component defaults to the one
+    `kvforge apply` recorded in that tree (git config kvforge.component).
     """
+    from .components import component_of_tree
     from .export import export_target
+    from .targets import load_target
 
+    if component is None:
+        component = component_of_tree(load_target(target_name), from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
     result = export_target(ctx, out=out, renumber=renumber)
     if as_json:
@@ -377,24 +414,40 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 @click.option("--base/--patched", "on_base", default=False,
               help="Run on the base tree, or on the fully patched tree [default: --patched].")
 @click.option("-k", "keyword", metavar="EXPR", help="Only tests matching this pytest -k expression.")
+@click.option("--scan", is_flag=True, help="Run nothing: list the test modules that import a file the series "
+              "touches and whether the CPU selection has each.")
+@click.option("--try", "try_cpu", is_flag=True, help="With --scan: run the modules the selection lacks on the base "
+              "tree to see which run on CPU (one of their tests passes).")
 @tree_options
 @click.pass_obj
 @handle_errors
 def test_cmd(cache: Cache, target_name: str, component: str | None, platform_name: str, on_base: bool,
-             keyword: str | None, from_rev: str | None, python: Path | None, torch_index: str | None, source: str,
-             repo_url: str | None, as_json: bool) -> None:
+             keyword: str | None, scan: bool, try_cpu: bool, from_rev: str | None, python: Path | None,
+             torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Run the target's test selection plus every Checks test of its series with vLLM's own tests.
 
     pytest runs from the root of the base or patched tree in kvforge's test environment and
     writes JUnit XML (target, base commit, series hash and platform on every testcase) into the
     cache. Exit 4 when a test fails or none ran. A platform this machine does not have (cuda,
     npu) prints the command its runner would run and exits 7 (not run): never reported as passed.
+    Without --component, every component of the target tested on the platform, in order; a
+    component built on another (vllm-ascend) runs from its own tree with that one's patched tree
+    importable and its declared stand-ins, which the output lists.
     """
     from .testrun import print_test_result, test_target
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    print_test_result(test_target(ctx, platform_name, on_base, keyword), as_json)
+    if scan or try_cpu:
+        from .selection import print_scan_report, scan_target
+
+        print_scan_report(scan_target(ctx, try_cpu), as_json)
+        return
+    from .components import contexts, run_each
+    from .testrun import test_verdict
+
+    run_each(contexts(ctx, component, platform_name), lambda c: test_target(c, platform_name, on_base, keyword),
+             print_test_result, test_verdict, as_json)
 
 
 @cli.command("verify")
@@ -410,13 +463,14 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     With --from, each commit base..REV of your tree is proven instead of the series files. A fix
     whose Checks already pass before it (or that has none) is unproven. refactor and test patches
     are held to the regression suite only. The report is saved as JSON in the cache. Exit 0 only
-    when everything is proven.
+    when everything is proven. Without --component, every component of the target, in order.
     """
-    from .verify import print_verify_report, verify_target
+    from .components import contexts, run_each
+    from .verify import print_verify_report, verdict, verify_target
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    print_verify_report(verify_target(ctx), as_json)
+    run_each(contexts(ctx, component), verify_target, print_verify_report, verdict, as_json)
 
 
 # ---------------------------------------------------------------- build, matrix (kvforge/build.py, kvforge/matrix.py)
@@ -605,6 +659,138 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
         sys.exit(EXIT_TESTS)
 
 
+@bench_group.command("scheduler-overhead")
+@target_option
+@component_option
+@click.option("--topology", "topologies", default="dsv4,gemma4", show_default=True, metavar="NAME[,NAME]",
+              help="dsv4 and/or gemma4 (their KV cache groups and step budgets).")
+@click.option("--workload", "kinds", default="unique,seed", show_default=True, metavar="KIND[,KIND]",
+              help="unique (no prompt shares a block: prefix caching cannot change the work) and/or seed "
+                   "(the bug reports' workloads).")
+@click.option("--pools", default="50k,500k", show_default=True, metavar="N[,N]", help="KV cache pool sizes in blocks.")
+@click.option("--scale", type=float, default=0.1, show_default=True,
+              help="Shrink prompts and request counts (1 = the sizes of the bug reports); the step budget stays.")
+@click.option("--steps", type=int, default=40, show_default=True, help="Scheduler steps per case and repetition.")
+@click.option("--reps", type=int, default=3, show_default=True, help="Repetitions per case (fresh schedulers).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
+@click.option("--no-mask", "no_mask", is_flag=True, help="Skip the cache-mask timing and the per-group profile.")
+@tree_options
+@click.pass_obj
+@handle_errors
+def bench_scheduler_overhead_cmd(cache: Cache, target_name: str, component: str | None, topologies: str, kinds: str,
+                                 pools: str, scale: float, steps: int, reps: int, seed: int, no_mask: bool,
+                                 from_rev: str | None, python: Path | None, torch_index: str | None, source: str,
+                                 repo_url: str | None, as_json: bool) -> None:
+    """The scheduler's own time per step and per admitted request, base vs patched, in one run.
+
+    Both trees' real vLLM schedulers (one process each, in the target's test environment) step the
+    same workloads with synthetic model outputs; only schedule() and update_from_output() are
+    timed, in CPU time. The trees take turns every few steps and alternate who goes first, and
+    each step counts at its least time over the repetitions, so machine noise falls on neither.
+    Prints us/step and us/request per topology x workload x pool with the ratio patched / base
+    (and the range of the plain per-repetition ratios), the goal (ratio <= 1.05 where both trees
+    did the same work), the sliding-window cache mask's cost per 4096-token chunk and a per-group
+    profile. Results are kept in the cache as JSON. The goal does not change the exit status.
+    """
+    from .bench.overhead import bench_scheduler_overhead, print_overhead
+
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
+                   python=python, torch_index=torch_index)
+    result = bench_scheduler_overhead(ctx, topologies, kinds, pools, scale, steps, reps, seed, mask=not no_mask)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        print_overhead(result, click.echo)
+
+
+# ---------------------------------------------------------------- rebase, port (kvforge/rebase.py, port.py)
+
+
+@cli.command("rebase")
+@target_option
+@component_option
+@click.option("--onto", metavar="VERSION|REF",
+              help="The release to move onto (its PyPI sdist, sha256 from PyPI), or a git ref with --repo.")
+@click.option("--as", "as_target", metavar="NEWTARGET",
+              help="Write a new target (targets/NEWTARGET.toml, patches/NEWTARGET/) instead of moving this one.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (verdict and signals per patch); write nothing.")
+@click.option("--checks", is_flag=True,
+              help="Also run each patch's Checks on the new base without the patch (slow: the new base's test env).")
+@click.option("--continue", "do_continue", is_flag=True, help="Resume after resolving a conflict (carry the patch).")
+@click.option("--skip", "do_skip", is_flag=True, help="Drop the patch the rebase stopped at (recorded in the ledger).")
+@click.option("--abort", "do_abort", is_flag=True, help="Stop the rebase; patches/ and targets/ stay as they were.")
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str | None, as_target: str | None,
+               dry_run: bool, checks: bool, do_continue: bool, do_skip: bool, do_abort: bool, source: str,
+               repo_url: str | None, as_json: bool) -> None:
+    """Move a target's series onto a new upstream release, dropping the patches it already has.
+
+    \b
+    Per patch, in order: upstream (dropped, with the signals that say so, into the ledger
+    patches/<target>/dropped.toml), carried (applied three-way), conflict (stop: resolve in the
+    worktree printed, `git add`, --continue; or --skip / --abort), disagree (stop: --continue
+    carries, --skip drops). Nothing in patches/ or targets/ changes until every patch is
+    decided; then the series, the target's ref/version/sha256 and the ledger change in one step.
+    Exit 3 when the rebase stopped at a patch.
+    """
+    from .rebase import RebaseResult, render, run
+
+    actions = [a for a, on in (("continue", do_continue), ("skip", do_skip), ("abort", do_abort)) if on]
+    if len(actions) > 1:
+        raise KvforgeError("--continue, --skip and --abort exclude each other", EXIT_USAGE)
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
+    result = run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, checks)
+    if not isinstance(result, RebaseResult):
+        if as_json:
+            emit_json({"target": ctx.target.name, "state": "aborted", "message": result})
+        else:
+            click.echo(result)
+        return
+    if as_json:
+        emit_json({**result.to_json(), **({"error": result.message, "exit": 3} if result.state == "stopped" else {})})
+    else:
+        render(result, click.echo)
+    if result.state == "stopped":
+        raise KvforgeError(result.message, 3, emitted=as_json)
+
+
+@cli.command("port")
+@click.argument("fix_id", metavar="FIX")
+@click.option("--to", "to_target", required=True, metavar="TARGET", help="The target to make a variant for.")
+@click.option("--from-target", metavar="TARGET", help="Start from this target's variant [default: the newest other].")
+@click.option("--into", type=click.Path(file_okay=False, path_type=Path),
+              help="The tree to make [default: ./<component>-<target>-<fix>].")
+@component_option
+@source_option
+@repo_option
+@json_option
+@click.pass_obj
+@handle_errors
+def port_cmd(cache: Cache, fix_id: str, to_target: str, from_target: str | None, into: Path | None,
+             component: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
+    """Start a variant of one fix for another target: a tree of yours with the target's series and the
+    fix applied three-way on top (header and Fix-Id carried over), conflicts left to resolve.
+
+    Then: resolve, `git am --continue`, `kvforge verify -t TARGET --from DIR`, `kvforge export -t
+    TARGET --from DIR`. Exit 3 when it conflicts (the tree is left at the conflict).
+    """
+    from .port import port, render
+
+    ctx = make_ctx(cache, to_target, component, source=source, repo_url=repo_url)
+    result = port(ctx, fix_id, from_target, into)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        render(result, click.echo)
+    if result.status == "conflict":
+        raise KvforgeError(f"{result.source_patch} conflicts on {result.target}: {result.detail}; resolve it in "
+                           f"{result.tree}", 3, emitted=as_json)
+
+
 # ---------------------------------------------------------------- pr, notes (kvforge/pr.py)
 
 TEXT_EXIT_HELP = """\b
@@ -682,10 +868,16 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     newest `kvforge bench prefix-cache` record. Evidence that does not exist is stated, never
     invented; evidence of another series is refused. Every commit the PR carries (the fix and its
     Depends-On) must have Signed-off-by. With --from, the commits of your tree are the series.
+    On a target with several components, --component defaults to the one whose series has the fix;
+    a vllm-ascend title's [Branch] is the release of that component's ref (releases/v0.20.2rc).
     """
+    from .components import component_of_fix
     from .pr import find_gh, pull_request
+    from .targets import load_target
 
     gh = find_gh() if open_in_gh else None
+    if component is None:
+        component = component_of_fix(load_target(target_name), fix_id)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
     _emit_text(pull_request(ctx, fix_id, style, template_path, allow_stale), out, as_json, gh)
 

@@ -50,8 +50,10 @@ def test_a_bug_is_exit_70_with_one_line_and_a_saved_traceback(project, monkeypat
     assert res.exit_code == 70 and json.loads(res.stdout)["exit"] == 70
 
 
-def test_cache_dir_works_before_and_after_the_subcommand(project, base_v0202, tmp_path):
+def test_cache_dir_works_before_and_after_the_subcommand(project, base_v0202, tmp_path, monkeypatch):
     cache, base = base_v0202
+    # The default cache is elsewhere: only --cache-dir can lead to the base.
+    monkeypatch.setenv("KVFORGE_CACHE", str(tmp_path / "other-cache"))
     for args in (["--cache-dir", str(cache.root), "base", "-t", "t", "--json"],
                  ["base", "-t", "t", "--json", "--cache-dir", str(cache.root)]):
         res = kvforge(*args)

@@ -1,0 +1,159 @@
+"""`kvforge port FIX --to TARGET`: start a variant of one fix for another target, from an existing variant.
+
+The target's patched tree (its base plus its series, made exactly as `kvforge apply --into` makes it:
+a standalone repository of the user's, branch kvforge/<target>) gets the source variant applied
+three-way on top (`git am -3`; the preimage blobs are read from the source base's cached
+repository and copied in, so the tree never depends on the cache). The commit message, so the
+whole header, is carried over and the Fix-Id kept. A clean apply leaves one new commit; a conflict
+leaves `git am` stopped with conflict markers for the user to resolve (`git am --continue`). Then
+`kvforge verify -t TARGET --from DIR` and `kvforge export -t TARGET --from DIR` add it.
+
+Nothing in patches/ or targets/ is written here; the user's tree appears whole or not at all (the
+apply step is apply.py's transaction).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import gitutil
+from .apply import apply_target
+from .context import Context
+from .engine import AM_OPTS, am_in_progress, diagnose
+from .errors import EXIT_USAGE, KvforgeError
+from .rebase import drop_depends_on
+from .series import Patch, read_series
+from .targets import known_targets, load_target
+
+
+@dataclass
+class PortResult:
+    fix_id: str
+    source_target: str
+    source_patch: str
+    target: str
+    tree: str
+    branch: str
+    status: str  # applied | applied (3-way) | conflict | in base
+    commit: str | None = None
+    detail: str = ""
+    conflicts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def find_variant(fix_id: str, to_target: str, from_target: str | None) -> tuple[str, Patch]:
+    """The variant to start from: --from-target's, else the newest other target that carries the fix."""
+    names = [from_target] if from_target else [n for n in reversed(known_targets()) if n != to_target]
+    for name in names:
+        t = load_target(name)
+        for comp in t.components:
+            for p in read_series(comp.series_dir).patches:
+                if p.fix_id == fix_id:
+                    return name, p
+    where = f"target {from_target}" if from_target else "no other target"
+    raise KvforgeError(f"{where} carries a patch with Fix-Id {fix_id!r}", EXIT_USAGE)
+
+
+INDEX_RE = re.compile(rb"^index ([0-9a-f]{40,64})\.\.[0-9a-f]{40,64}", re.M)
+
+
+def copy_preimages(patch: Patch, source: Path, dest: Path) -> int:
+    """Copy the blobs the patch was made against (its full-index preimages) from the source base's
+    repository into `dest`, so `git am -3` can merge without any link to the cache. Returns how many."""
+    wanted = [m.group(1).decode() for m in INDEX_RE.finditer(patch.raw) if set(m.group(1)) != {ord("0")}]
+    copied = 0
+    for blob in dict.fromkeys(wanted):
+        if gitutil.run(dest, "cat-file", "-e", blob, check=False).returncode == 0:
+            continue
+        data = gitutil.run(source.parent, "cat-file", "blob", blob, check=False, binary=True,
+                           env={"GIT_DIR": str(source)})
+        if data.returncode != 0:
+            continue  # not there either: git am says which preimage it lacks
+        gitutil.run(dest, "hash-object", "-w", "--stdin", stdin=data.stdout)
+        copied += 1
+    return copied
+
+
+def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path | None = None) -> PortResult:
+    if not re.match(r"^[a-z0-9][a-z0-9-]*$", fix_id):
+        raise KvforgeError(f"{fix_id!r} is not a Fix-Id", EXIT_USAGE)
+    if from_target == ctx.target.name:
+        raise KvforgeError("--from-target names the target being ported to", EXIT_USAGE)
+    series = ctx.series()
+    if fix_id in series.by_fix_id():
+        raise KvforgeError(f"{ctx.label} already carries {fix_id} ({series.by_fix_id()[fix_id].name}); edit it in a "
+                           f"tree of `kvforge apply -t {ctx.target.name} --into DIR`", EXIT_USAGE)
+    if fix_id in {e.fix_id for e in ctx.component.in_base}:
+        raise KvforgeError(f"{ctx.target.path}: {ctx.label} has {fix_id} in its base (in_base); nothing to port",
+                           EXIT_USAGE)
+    source_name, patch = find_variant(fix_id, ctx.target.name, from_target)
+    source_target = load_target(source_name)
+    source_comp = source_target.component(ctx.component.name)
+    dest = Path(into or Path.cwd() / f"{ctx.component.name}-{ctx.target.name}-{fix_id}").expanduser().absolute()
+    if dest.exists() and any(dest.iterdir()):
+        raise KvforgeError(f"{dest} exists and is not empty; port into a new directory (--into DIR)", EXIT_USAGE)
+    ctx.say(f"porting {patch.name} from {source_name} to {ctx.label}")
+    made = apply_target(ctx, into=dest)  # base + the target's series, transactional
+    head = made.head
+    # The source variant's preimage blobs live in its base's repository (the cache): copied in for the
+    # three-way fallback.
+    # A patch's preimages are the files as the patches before it left them: they exist in the source
+    # target's stack (kvforge.trees), built here if the cache does not have it yet.
+    from .trees import open_stack
+
+    source_ctx = Context(ctx.cache, source_target, source_comp, progress=ctx.progress)
+    source_stack = open_stack(source_ctx)
+    n = copy_preimages(patch, source_stack.base.repo, dest)
+    ctx.say(f"copied {n} preimage blob{'s' if n != 1 else ''} of {patch.name} from {source_name}'s base")
+    # Depends-On must name an earlier patch of the series (lint): a dependency the target has in its
+    # base is satisfied there, so that line goes; one it lacks stays, and is reported.
+    in_base = {e.fix_id for e in ctx.component.in_base}
+    carried = set(series.by_fix_id())
+    with tempfile.TemporaryDirectory(prefix="kvforge-port-") as tmp:
+        copy = Path(tmp) / patch.name
+        copy.write_bytes(patch.raw)
+        dropped = drop_depends_on(copy, in_base)
+        res = gitutil.run(dest, *AM_OPTS, str(copy), check=False)
+    missing = [d for d in patch.depends_on if d not in in_base and d not in carried]
+    out = res.stdout + "\n" + res.stderr
+    result = PortResult(fix_id, source_name, patch.name, ctx.target.name, str(dest), made.branch, "applied")
+    result.notes += [f"Depends-On: {d} removed: {ctx.label} has it in its base (in_base)" for d in dropped]
+    result.notes += [f"Depends-On: {d}: {ctx.label} neither carries nor has it in base; port it first" for d in missing]
+    t = ctx.target.name
+    if res.returncode == 0:
+        now = gitutil.rev_parse(dest, "HEAD")
+        if now == head:
+            result.status, result.detail = "in base", "applying it changes nothing: the target already has this change"
+            return result
+        result.commit = now
+        result.status = "applied (3-way)" if "Falling back to patching base and 3-way merge" in out else "applied"
+        result.next_steps = [f"kvforge verify -t {t} --from {dest}", f"kvforge export -t {t} --from {dest}"]
+        return result
+    if not am_in_progress(dest):
+        raise KvforgeError(f"{patch.name}: git am failed in {dest}: {diagnose(dest, patch, out)}", EXIT_USAGE)
+    result.status = "conflict"
+    result.detail = diagnose(dest, patch, out)
+    result.conflicts = gitutil.run(dest, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+    result.next_steps = [f"resolve the conflicts in {dest} against {t}'s own API, `git add` the files",
+                         f"git -C {dest} am --continue   (the commit keeps the header and Fix-Id {fix_id})",
+                         f"kvforge verify -t {t} --from {dest}", f"kvforge export -t {t} --from {dest}"]
+    return result
+
+
+def render(result: PortResult, echo) -> None:
+    echo(f"{result.fix_id}: {result.source_patch} from {result.source_target} onto {result.target}: {result.status}"
+         + (f" ({result.detail})" if result.detail else ""))
+    echo(f"tree: {result.tree} (branch {result.branch})")
+    if result.conflicts:
+        echo("conflicts: " + ", ".join(result.conflicts))
+    for note in result.notes:
+        echo(f"note: {note}")
+    for step in result.next_steps:
+        echo(f"  next: {step}")
