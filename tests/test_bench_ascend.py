@@ -2,8 +2,8 @@
 vllm-ascend's coordinator, managers and DeepSeek-V4 specs (kvforge/bench/replay/ascend.py).
 
 One real small run: the command's own path (both components' stacks from the project's series, the
-vLLM test environment, stand-ins, the replay subprocess), narrowed to one state (the patched
-vllm-ascend tree on vLLM's base tree) and two block sizes, at the smallest scale (64 requests of
+vLLM test environment, stand-ins, the replay subprocess), narrowed to one state (both patched
+trees) and two block sizes, at the smallest scale (64 requests of
 8,192 prompt tokens). The session's cache (conftest: vLLM 0.20.2 imported once) gets the vllm-ascend
 sdist from the user's kvforge downloads; the environment is ~/.cache/kvforge/envs (or
 $KVFORGE_TEST_ENVS), as in test_bench_slow.py.
@@ -44,7 +44,7 @@ def ascend_bench(base_v0202) -> pc.BenchResult:
     mp = pytest.MonkeyPatch()
     mp.setenv("KVFORGE_ROOT", str(REPO_ROOT))
     ctx = Context.load(cache, "v0.20.2rc", "vllm-ascend", source="sdist")
-    mp.setattr(pc, "ASCEND_STATES", (("patched", "base", "patched@vllm-base"),))
+    mp.setattr(pc, "ASCEND_STATES", (("patched", "patched", "patched"),))
     mp.setattr(pc, "ASCEND_BLOCK_SIZES", (128, 32))
     try:
         return pc.bench_ascend(ctx, "all", 0.01, 0)
@@ -76,7 +76,7 @@ def test_replay_runs_vllm_ascend_coordinator_with_the_trees_own_geometry(ascend_
 def test_block_128_cannot_hit_and_block_32_hits_resent_prompts(ascend_bench):
     [row128] = [r for r in ascend_bench.rows if r["variant"] == "bs128"]
     [row32] = [r for r in ascend_bench.rows if r["variant"] == "bs32"]
-    s128, s32 = row128["patched@vllm-base"], row32["patched@vllm-base"]
+    s128, s32 = row128["patched"], row32["patched"]
     # Seed 001: with block 128 a hit is a multiple of 16,384 tokens: nothing in an 8K prompt.
     assert s128["ceiling_hits"] == 0 and s128["admitted_hits"] == 0 and s128["hits"] == 0
     # Block 32: a hit is due in 4,096-token units on every re-send, and each re-send gets exactly that.
@@ -85,4 +85,4 @@ def test_block_128_cannot_hit_and_block_32_hits_resent_prompts(ascend_bench):
     assert all(r["hit"] == 0 for r in s32["per_request"] if "=" not in r["label"])
     assert s32["admitted_hits"] == s32["ceiling_hits"] > 0 and s32["violations"] == 0
     goals = {(g["scenario"], g["goal"]): g["ok"] for g in ascend_bench.goals}
-    assert goals[(f"{row32['label']} [patched@vllm-base]", "patched: hits = ceiling")]
+    assert goals[(f"{row32['label']} [patched]", "patched: hits = ceiling")]

@@ -467,9 +467,12 @@ def print_bench(result: BenchResult, echo: Callable[[str], None]) -> None:
 
 ASCEND_SCENARIO = "ascend-dsv4-repeat"
 ASCEND_BLOCK_SIZES = (128, 64, 32)
-# (vllm-ascend tree, vLLM tree) -> the state's name; the first two are the brief's "base" and "patched".
-ASCEND_STATES = (("base", "patched", "base"), ("patched", "patched", "patched"),
-                 ("base", "base", "base@vllm-base"), ("patched", "base", "patched@vllm-base"))
+# (vllm-ascend tree, vLLM tree) -> the state's name. base: both release trees, what a user runs today;
+# patched: both series (vllm-ascend's series carries the vLLM fixes into its coordinator copies and
+# needs the vLLM series). The mixed states do not start: vllm-ascend's base on the patched vLLM fails
+# with a TypeError (the vllm-ascend swa-retention-queue-split patch's Check), its patched tree on the
+# base vLLM lacks the vLLM series' API.
+ASCEND_STATES = (("base", "base", "base"), ("patched", "patched", "patched"))
 
 
 def ascend_environ(env, comp, vllm_tree: Path) -> dict[str, str]:
@@ -490,9 +493,9 @@ def ascend_environ(env, comp, vllm_tree: Path) -> dict[str, str]:
 
 
 def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int) -> BenchResult:
-    """Seed 001 per --block-size on the vllm-ascend base and patched trees, each with the target's
-    patched vLLM tree and, for comparison, its base vLLM tree; vLLM's scheduler with vllm-ascend's
-    coordinator, managers and DeepSeek-V4 specs (replay/ascend.py)."""
+    """Seed 001 per --block-size on the base (vllm-ascend and vLLM release trees) and the patched
+    trees (both series); vLLM's scheduler with vllm-ascend's coordinator, managers and DeepSeek-V4
+    specs (replay/ascend.py)."""
     from ..env import target_env
     from ..trees import open_stack
 
@@ -510,8 +513,8 @@ def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int) -> BenchResul
                          astack.origin, scale, seed, [f"{ASCEND_SCENARIO}/bs{b}" for b in ASCEND_BLOCK_SIZES],
                          env.key)
     result.note = (f"vLLM trees: base {vstack.base.commit[:12]}, patched = {vstack.size} patches of "
-                   f"{vctx.component.series_dir.name} (digest {vstack.digest}); state X@vllm-base: the vllm-ascend "
-                   "tree X on vLLM's base tree")
+                   f"{vctx.component.series_dir.name} (digest {vstack.digest}); base: both release trees, "
+                   "patched: both series")
     name = f"s{scale:g}-seed{seed}-vllm{vstack.digest[:8]}"
     outdir = evidence.attachments(ctx.cache, astack.key, "bench-prefix-cache", name)
     mode = ["ascend", "--block-sizes", ",".join(map(str, ASCEND_BLOCK_SIZES))]
@@ -541,7 +544,7 @@ def ascend_goals(rows: list[dict]) -> list[dict]:
     tree at 32 / 64 gets what its alignment allows (no more, no less), without invariant violations."""
     out = []
     for row in rows:
-        for base_state, patched_state in (("base", "patched"), ("base@vllm-base", "patched@vllm-base")):
+        for base_state, patched_state in (("base", "patched"),):
             b, p = row.get(base_state), row.get(patched_state)
             where = f"{row['label']} [{patched_state}]"
             if b is not None:
