@@ -49,6 +49,9 @@ def committed_project(tmp_path, monkeypatch, session_cache):
     subprocess.run(["tar", "x"], cwd=root, input=archive, check=True)
     main_toml = root / "targets" / "main.toml"
     main_toml.write_text(main_toml.read_text().replace('ref = "main"', 'ref = "v0.33.0"'))
+    # main as it was before its variant: no patch (port must start it from v0.20.2rc's).
+    for f in (root / "patches" / "main").glob("*.patch"):
+        f.unlink()
     (root / "patches" / "main" / "series").write_text("")
     monkeypatch.setenv("KVFORGE_ROOT", str(root))
     monkeypatch.setenv("KVFORGE_CACHE", str(session_cache.root))
