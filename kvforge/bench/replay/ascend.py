@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import random
@@ -32,6 +31,7 @@ import time
 from types import SimpleNamespace
 
 from . import driver
+from .cli import write_doc
 from .compat import Features, kw
 from .driver import SCHEMA, say
 
@@ -287,11 +287,4 @@ def main(argv=None) -> int:
                 f"{res['seconds']['replay']:.1f}s replay")
     finally:
         sys.stdout = real_stdout
-    doc["seconds"] = round(time.perf_counter() - t0, 3)
-    text = json.dumps(doc, sort_keys=True, default=str)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    else:
-        real_stdout.write(text + "\n")
-    return 0
+    return write_doc(doc, args.out, real_stdout, t0)

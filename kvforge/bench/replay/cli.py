@@ -69,11 +69,16 @@ def main(argv=None) -> int:
                 f"{res['seconds']['replay']:.1f}s replay")
     finally:
         sys.stdout = real_stdout
+    return write_doc(doc, args.out, real_stdout, t0)
+
+
+def write_doc(doc: dict, out: str | None, stdout, t0: float) -> int:
+    """Finish a replay's result document: its duration, then JSON to `out` or to the real stdout."""
     doc["seconds"] = round(time.perf_counter() - t0, 3)
     text = json.dumps(doc, sort_keys=True, default=str)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
+    if out:
+        with open(out, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
     else:
-        real_stdout.write(text + "\n")
+        stdout.write(text + "\n")
     return 0
