@@ -18,6 +18,8 @@ from kvforge import torchsource, userenv
 from kvforge.cache import Cache
 from kvforge.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 COMMON = """\
 regex # Replace re
 requests >= 2.26.0
@@ -339,7 +341,8 @@ def test_verify_v0_20_1_with_the_users_python_builds_no_env_and_leaves_it_unchan
     tblib are uninstalled. A copy, because it is an honest existing venv with torch and vLLM's
     requirements that costs seconds rather than the minutes of a fresh install, and because the
     shared environment itself must not be touched. What the copy lacks must come back through an
-    overlay in verify's cache, and nothing in verify's cache may be a venv.
+    overlay in verify's cache, and nothing in verify's cache may be a venv. The project is a copy
+    whose v0.20.1 regression selection is one module: the whole selection is CI's verify lane.
     """
     from click.testing import CliRunner
 
@@ -351,6 +354,14 @@ def test_verify_v0_20_1_with_the_users_python_builds_no_env_and_leaves_it_unchan
     shared_envs = Path(os.environ.get("KVFORGE_TEST_ENVS") or user_cache / "envs")
     for var in ("KVFORGE_TEST_PYTHON", "KVFORGE_PYTHON", "KVFORGE_ROOT", "KVFORGE_CACHE"):
         monkeypatch.delenv(var, raising=False)
+    project = tmp_path / "project"
+    shutil.copytree(REPO_ROOT / "targets", project / "targets")
+    shutil.copytree(REPO_ROOT / "patches" / "v0.20.1", project / "patches" / "v0.20.1")
+    toml = project / "targets" / "v0.20.1.toml"
+    text = toml.read_text()
+    start = text.index("cpu = [")
+    toml.write_text(text[:start] + 'cpu = ["tests/v1/core/test_kv_cache_utils.py"]' + text[text.index("]", start) + 1:])
+    monkeypatch.setenv("KVFORGE_ROOT", str(project))
     monkeypatch.setenv("KVFORGE_OFFLINE", "1")
     cache = Cache(tmp_path / "cache")
     sdist = user_cache / "downloads" / "vllm-0.20.1.tar.gz"
