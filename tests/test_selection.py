@@ -169,7 +169,6 @@ V020_NOT_ON_CPU = {
         "does not import in the CPU env: ModuleNotFoundError: No module named 'depyf'",
     "tests/compile/test_aot_compile.py":
         "does not import in the CPU env: ModuleNotFoundError: No module named 'anthropic'",
-    "tests/compile/test_config.py": 'does not finish in 120 s on CPU (4 passed, 4 failed, then waits)',
     "tests/compile/test_rotary_embedding_compile.py": 'all 1 tests skip on CPU',
     "tests/config/test_mp_reducer.py":
         'no test passes on CPU (1 failed): RuntimeError: Engine core initialization failed. See root cause above. F...',
@@ -183,7 +182,6 @@ V020_NOT_ON_CPU = {
         "does not import in the CPU env: ModuleNotFoundError: No module named 'ray'",
     "tests/distributed/test_symm_mem_allreduce.py": 'all 2 tests skip on CPU',
     "tests/distributed/test_utils.py": "does not import in the CPU env: ModuleNotFoundError: No module named 'ray'",
-    "tests/engine/test_arg_utils.py": 'does not finish in 120 s on CPU (65 tests pass, then one waits: offline)',
     "tests/entrypoints/openai/chat_completion/test_chat.py":
         "does not import in the CPU env: ModuleNotFoundError: No module named 'jsonschema'",
     "tests/entrypoints/openai/completion/test_tensorizer_entrypoint.py":
