@@ -424,20 +424,28 @@ def _receive(url: str, out, size: int, say: Progress, downloads: Path) -> tuple[
     return got, h.hexdigest()
 
 
-def _sdist_url(rel) -> tuple[str, str | None, int]:
-    import urllib.parse
+def release_files(package: str, version: str) -> tuple[str, list[dict]]:
+    """PyPI's JSON for one release: (the index URL read, the release's file entries; [] if none).
+    The one reader of the package index: sdists (here), wheels (build) and new bases (rebase)."""
     import urllib.request
 
-    index = f"{pypi_url()}/pypi/{rel.package}/json"
+    index = f"{pypi_url()}/pypi/{package}/json"
     try:
         with urllib.request.urlopen(index, timeout=60) as resp:
             meta = json.load(resp)
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise KvforgeError(f"cannot read the package index {index}: {_network_reason(exc)}", EXIT_NETWORK) from None
     releases = meta.get("releases") if isinstance(meta, dict) else None
-    files = releases.get(rel.version) if isinstance(releases, dict) else None
-    for f in files if isinstance(files, list) else []:
-        if isinstance(f, dict) and f.get("packagetype") == "sdist" and f.get("filename") == rel.filename \
+    files = releases.get(version) if isinstance(releases, dict) else None
+    return index, [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+
+
+def _sdist_url(rel) -> tuple[str, str | None, int]:
+    import urllib.parse
+
+    index, files = release_files(rel.package, rel.version)
+    for f in files:
+        if f.get("packagetype") == "sdist" and f.get("filename") == rel.filename \
                 and isinstance(f.get("url"), str):
             digests = f.get("digests") if isinstance(f.get("digests"), dict) else {}
             sha = digests.get("sha256") if isinstance(digests.get("sha256"), str) else None

@@ -154,7 +154,7 @@ class BuildRefused(KvforgeError):
 
 def download_wheel(component, cache, say) -> Path:
     """The pinned release wheel in <cache>/downloads; only a complete file with the pinned sha256 gets its name."""
-    from .bases import STALE_DOWNLOAD, _receive, pypi_url  # the sdists' download path, for the wheel
+    from .bases import STALE_DOWNLOAD, _receive, release_files  # the sdists' download path, for the wheel
 
     pin = component.wheel
     downloads = cache.downloads
@@ -163,20 +163,10 @@ def download_wheel(component, cache, say) -> Path:
     dest = downloads / pin.filename
     if dest.is_file():
         return dest  # its sha256 is checked while the overlay reads it (check_download)
-    import http.client
     import urllib.parse
-    import urllib.request
 
-    index = f"{pypi_url()}/pypi/{component.release.package}/json"
-    try:
-        with urllib.request.urlopen(index, timeout=60) as resp:
-            meta = json.load(resp)
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise KvforgeError(f"cannot read the package index {index}: {reason}", EXIT_NETWORK) from None
-    files = (meta.get("releases") or {}).get(component.release.version) if isinstance(meta, dict) else None
-    entry = next((f for f in files or [] if isinstance(f, dict) and f.get("filename") == pin.filename
-                  and isinstance(f.get("url"), str)), None)
+    index, files = release_files(component.release.package, component.release.version)
+    entry = next((f for f in files if f.get("filename") == pin.filename and isinstance(f.get("url"), str)), None)
     if entry is None:
         raise KvforgeError(f"{index}: no file {pin.filename} in {component.release.package}=="
                            f"{component.release.version}", EXIT_NETWORK)

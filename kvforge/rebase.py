@@ -33,7 +33,6 @@ anything else; `--abort` is then refused (the new series is already in place).
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import re
@@ -43,7 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import gitutil, ledger
-from .bases import Base, ensure_base, pypi_url
+from .bases import Base, ensure_base, release_files
 from .context import Context
 from .engine import AM_OPTS, add_worktree, am_in_progress, diagnose
 from .errors import EXIT_APPLY, EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
@@ -171,21 +170,6 @@ def _dir_digest(path: Path) -> str:
 # ---------------------------------------------------------------- the new base
 
 
-def _pypi_files(package: str, version: str) -> list[dict]:
-    import urllib.request
-
-    index = f"{pypi_url()}/pypi/{package}/json"  # the project's JSON (what kvforge.bases reads too)
-    try:
-        with urllib.request.urlopen(index, timeout=60) as resp:
-            meta = json.load(resp)
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise KvforgeError(f"cannot read the package index {index}: {reason}", EXIT_NETWORK) from None
-    releases = meta.get("releases") if isinstance(meta, dict) else None
-    files = releases.get(version) if isinstance(releases, dict) else None
-    return [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
-
-
 def _sha_of(files: list[dict], filename: str) -> str | None:
     for f in files:
         if f.get("filename") == filename:
@@ -226,7 +210,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         files = None
     else:
         try:
-            files = _pypi_files(release.package, version)
+            _, files = release_files(release.package, version)
         except KvforgeError as exc:
             notes.append(f"{exc}; falling back to the cached archive")
             files = None
