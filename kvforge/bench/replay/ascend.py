@@ -31,9 +31,9 @@ import time
 from types import SimpleNamespace
 
 from . import driver
-from .cli import write_doc
+from .cli import run_case, write_doc
 from .compat import Features, kw
-from .driver import SCHEMA, say
+from .driver import SCHEMA
 
 SCENARIO = "ascend-dsv4-repeat"
 BLOCK_SIZES = (128, 64, 32)
@@ -272,19 +272,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         for bs in sizes:
-            say(f"start {SCENARIO}/bs{bs} (scale {args.scale})")
-            try:
-                res = run(bs, args.scale, args.seed)
-            except Exception as exc:  # report, keep going with the other block sizes
-                import traceback
-                doc["errors"].append(dict(scenario=SCENARIO, variant=f"bs{bs}", error=f"{type(exc).__name__}: {exc}",
-                                          traceback=traceback.format_exc(limit=8)))
-                say(f"error {SCENARIO}/bs{bs}: {type(exc).__name__}: {exc}")
-                continue
-            doc["results"].append(res)
-            o = res["overall"]
-            say(f"done {SCENARIO}/bs{bs}: hit {o.get('hits', 0)}/{o.get('queries', 0)} tokens, "
-                f"{res['seconds']['replay']:.1f}s replay")
+            run_case(doc, SCENARIO, f"bs{bs}", lambda: run(bs, args.scale, args.seed))
     finally:
         sys.stdout = real_stdout
     return write_doc(doc, args.out, real_stdout, t0)

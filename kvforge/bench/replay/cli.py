@@ -53,23 +53,27 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         for name, variant in runs:
-            label = name + (f"/{variant}" if variant else "")
-            say(f"start {label} (scale {args.scale})")
-            try:
-                res = run(name, variant, args.scale, args.seed, args.check_every)
-            except Exception as exc:  # report, keep going with the other scenarios
-                import traceback
-                doc["errors"].append(dict(scenario=name, variant=variant, error=f"{type(exc).__name__}: {exc}",
-                                          traceback=traceback.format_exc(limit=8)))
-                say(f"error {label}: {type(exc).__name__}: {exc}")
-                continue
-            doc["results"].append(res)
-            o = res["overall"]
-            say(f"done {label}: hit {o.get('hits', 0)}/{o.get('queries', 0)} tokens, "
-                f"{res['seconds']['replay']:.1f}s replay")
+            run_case(doc, name, variant, lambda: run(name, variant, args.scale, args.seed, args.check_every))
     finally:
         sys.stdout = real_stdout
     return write_doc(doc, args.out, real_stdout, t0)
+
+
+def run_case(doc: dict, scenario: str, variant: str, replay) -> None:
+    """One case of a replay into `doc`: its result, or its error (reported; the other cases go on)."""
+    label = scenario + (f"/{variant}" if variant else "")
+    say(f"start {label} (scale {doc['scale']})")
+    try:
+        res = replay()
+    except Exception as exc:
+        import traceback
+        doc["errors"].append(dict(scenario=scenario, variant=variant, error=f"{type(exc).__name__}: {exc}",
+                                  traceback=traceback.format_exc(limit=8)))
+        say(f"error {label}: {type(exc).__name__}: {exc}")
+        return
+    doc["results"].append(res)
+    o = res["overall"]
+    say(f"done {label}: hit {o.get('hits', 0)}/{o.get('queries', 0)} tokens, {res['seconds']['replay']:.1f}s replay")
 
 
 def write_doc(doc: dict, out: str | None, stdout, t0: float) -> int:
