@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvforge.bases import ensure_base  # noqa: E402
 from kvforge.cache import Cache  # noqa: E402
-from kvforge.export import format_patch  # noqa: E402
+from kvforge.engine import format_patch  # noqa: E402
 from kvforge.report import table  # noqa: E402
 from kvforge.series import read_series  # noqa: E402
 from kvforge.targets import load_target  # noqa: E402

@@ -15,10 +15,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import gitutil
-from .errors import EXIT_APPLY, KvforgeError
+from .errors import EXIT_APPLY, EXIT_ENV, KvforgeError
 from .series import Patch
 
 AM_OPTS = ("am", "-3", "--keep-non-patch", "--committer-date-is-author-date", "--no-gpg-sign")
+
+# `git format-patch` of one commit, the inverse of AM_OPTS: the options and the config that pin every byte.
+FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--full-index", "--no-signature",
+                "--stat=80", "--find-renames", "--diff-algorithm=myers", "--encoding=UTF-8", "--no-color")
+# git config that format-patch reads and that no command-line option overrides, pinned to git's default.
+PINNED_CONFIG = ("-c", "diff.suppressBlankEmpty=false", "-c", "core.attributesFile=/dev/null",
+                 "-c", "format.mboxrd=false")
+# Options equal to git's defaults, so that format.* and diff.* config cannot change the bytes.
+PINNED_OPTS = ("--subject-prefix=PATCH", "--no-numbered", "--no-signoff", "--no-add-header", "--no-to", "--no-cc",
+               "--no-thread", "--no-notes", "--no-base", "--no-attach", "--no-from", "--src-prefix=a/",
+               "--dst-prefix=b/", "-U3", "--inter-hunk-context=0", "-O/dev/null", "--no-relative",
+               "--indent-heuristic", "--encode-email-headers")
+
+
+def format_patch(repo: Path, commit: str) -> bytes:
+    """The commit as a patch file: the same bytes on any machine, whatever the user's or the tree's git config
+    (every byte-affecting setting is pinned above; renames as renames, non-ASCII paths unquoted)."""
+    res = gitutil.run(repo, *PINNED_CONFIG, *FORMAT_PATCH, *PINNED_OPTS, commit, binary=True, check=False)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise KvforgeError(f"git format-patch failed in {repo}: {last}", EXIT_ENV)
+    return res.stdout
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """`kvforge export`: write a tree's commits back as a series, all or nothing.
 
-Bytes. Each commit becomes `git format-patch` output made with trees.FORMAT_PATCH (the one definition
-of the options) plus PINNED_CONFIG / PINNED_OPTS, which hold every setting a user's or a tree's git
+Bytes. Each commit becomes engine.format_patch's output: FORMAT_PATCH plus PINNED_CONFIG / PINNED_OPTS
+(engine.py, the one definition), which hold every setting a user's or a tree's git
 config could use to change those bytes (subject prefix, numbering, sign-off, extra headers, notes,
 a/ b/ prefixes, context, order file, funcname attributes, ...) at git's defaults. So re-exporting an
 unchanged commit reproduces its file byte for byte on any machine; renames are exported as renames
@@ -56,31 +56,14 @@ from . import gitutil
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .fsutil import crashpoint, file_lock
 from .series import FIX_ID_RE, parse_patch, read_series
-from .trees import FORMAT_PATCH, commits_since, resolve_from
-
-# git config that format-patch reads and that no command-line option overrides, pinned to git's default.
-PINNED_CONFIG = ("-c", "diff.suppressBlankEmpty=false", "-c", "core.attributesFile=/dev/null",
-                 "-c", "format.mboxrd=false")
-# Options equal to git's defaults, so that format.* and diff.* config cannot change the bytes.
-PINNED_OPTS = ("--subject-prefix=PATCH", "--no-numbered", "--no-signoff", "--no-add-header", "--no-to", "--no-cc",
-               "--no-thread", "--no-notes", "--no-base", "--no-attach", "--no-from", "--src-prefix=a/",
-               "--dst-prefix=b/", "-U3", "--inter-hunk-context=0", "-O/dev/null", "--no-relative",
-               "--indent-heuristic", "--encode-email-headers")
+from .engine import format_patch
+from .trees import commits_since, resolve_from
 
 # Step boundaries where $KVFORGE_CRASH_AT=<step> kills the export (tests); "swap-aside" is the fallback's.
 CRASH_STEPS = ("locked", "staging", "staged", "ready", "swap-aside", "swapped", "cleanup", "done")
 
 FILE_STATUSES = ("unchanged", "rewritten", "new", "removed")  # ExportedFile.status
 _NUMBER_RE = re.compile(r"^(\d{4})-")
-
-
-def format_patch(repo: Path, commit: str) -> bytes:
-    """The commit as a patch file: stable bytes (see the module docstring)."""
-    res = gitutil.run(repo, *PINNED_CONFIG, *FORMAT_PATCH, *PINNED_OPTS, commit, binary=True, check=False)
-    if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise KvforgeError(f"git format-patch failed in {repo}: {last}", EXIT_ENV)
-    return res.stdout
 
 
 # ---------------------------------------------------------------- result

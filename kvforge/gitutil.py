@@ -12,6 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import git
 
@@ -30,18 +31,40 @@ HERMETIC = ("-c", "core.autocrlf=false", "-c", "core.safecrlf=false", "-c", "cor
 
 @dataclass
 class Result:
+    """A text call's result: stdout decoded, its final newline stripped."""
+
     returncode: int
-    stdout: str | bytes
+    stdout: str
     stderr: str
 
 
+@dataclass
+class BinaryResult:
+    """A `binary=True` call's result: stdout as git wrote it."""
+
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+
+@overload
+def run(cwd: Path, *args: str, check: bool = ..., env: dict | None = ..., timeout: float | None = ...,
+        stdin: str | bytes | None = ..., binary: Literal[False] = ...) -> Result: ...
+
+
+@overload
+def run(cwd: Path, *args: str, check: bool = ..., env: dict | None = ..., timeout: float | None = ...,
+        stdin: str | bytes | None = ..., binary: Literal[True]) -> BinaryResult: ...
+
+
 def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, timeout: float | None = None,
-        stdin: str | bytes | None = None, binary: bool = False) -> Result:
+        stdin: str | bytes | None = None, binary: bool = False) -> Result | BinaryResult:
     """Run `git <args>` in `cwd`; raise KvforgeError with git's own last words when `check` fails.
 
     `binary=True` returns stdout as bytes, untouched (no decoding, no stripped newline).
     """
     cmd = ["git", *HERMETIC, *args]
+    out: str | bytes
     try:
         if stdin is None and not binary:
             code, out, err = git.Git(str(cwd)).execute(
@@ -57,7 +80,8 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
         if isinstance(exc, FileNotFoundError) and not Path(cwd).is_dir():
             raise KvforgeError(f"{cwd}: directory does not exist", EXIT_ENV) from None
         raise KvforgeError("git is not installed or not on PATH", EXIT_ENV) from None
-    res = Result(code, out, err)
+    res: Result | BinaryResult = (BinaryResult(code, out, err) if isinstance(out, bytes)
+                                  else Result(code, out, err))
     if check and code != 0:
         text = out.decode(errors="replace") if isinstance(out, bytes) else out
         last = (err.strip().splitlines() or text.strip().splitlines() or ["(no output)"])[-1]

@@ -20,13 +20,11 @@ from . import gitutil
 from .bases import Base
 from .cache import REF_FROM, REF_STACKS
 from .context import Context, Progress
-from .engine import add_worktree, am_in_progress, am_series
+from .engine import add_worktree, am_in_progress, am_series, format_patch
 from .errors import EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, crashpoint, file_lock
 from .series import Series, parse_patch
 
-FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--full-index", "--no-signature",
-                "--stat=80", "--find-renames", "--diff-algorithm=myers", "--encoding=UTF-8", "--no-color")
 
 
 @dataclass
@@ -175,7 +173,6 @@ def patch_name(n: int, fix_id: str | None, subject: str) -> str:
 
 def series_from_commits(repo: Path, commits: list[str], directory: Path) -> Series:
     """The commits as a Series: each one's format-patch bytes, parsed as a patch file would be."""
-    from .export import format_patch  # export pins every byte-affecting git setting; import here: no cycle
 
     patches = []
     for n, c in enumerate(commits, 1):

@@ -250,7 +250,7 @@ def test_write_through_a_symlink_of_the_base_is_refused(tmp_path):
     git(other, "add", "-A")
     git(other, "commit", "-qm", f"[Core] write docs/x\n\nBody.\n\n{trailers_block()}")
     patch = tmp_path / "0001-x.patch"
-    from kvforge.export import format_patch
+    from kvforge.engine import format_patch
 
     patch.write_bytes(format_patch(other, "HEAD"))
     parsed = parse_patch(patch)

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from helpers import git, trailers
 
 from kvforge.cli import main
-from kvforge.export import CRASH_STEPS, _Listing, _read_listing, _series_text, format_patch
+from kvforge.engine import format_patch
+from kvforge.export import CRASH_STEPS, _Listing, _read_listing, _series_text
 from kvforge.series import read_series
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

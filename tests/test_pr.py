@@ -94,7 +94,7 @@ FACTOR_FIX = {
 
 def commit_patch(fake, name: str, edits: dict, message: str, start: str) -> str:
     """Commit `edits` on `start` with `message` (no checkout) and export it as patches/fake/<name>.patch."""
-    from kvforge.export import format_patch
+    from kvforge.engine import format_patch
 
     repo = fake.upstream
     index = fake.root / f".index-{name}"
