@@ -27,13 +27,20 @@ EXIT_CODES = {
 
 
 class KvforgeError(Exception):
-    """A user-facing failure. `exit_code` is one of EXIT_CODES; the message is one line."""
+    """A user-facing failure. `exit_code` is one of EXIT_CODES; the message is one line.
+
+    `data`: extra keys of the JSON error object ({"error", "exit", **data}); `text`: a human report
+    printed before the error line (e.g. the per-patch table of a failed apply). cli.finish renders both.
+    """
 
     exit_code = EXIT_USAGE
     emitted = False  # True when the command already printed its JSON document (with "error" and "exit")
 
-    def __init__(self, message: str, exit_code: int | None = None, emitted: bool = False):
+    def __init__(self, message: str, exit_code: int | None = None, emitted: bool = False,
+                 data: dict | None = None, text: str = ""):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
         self.emitted = emitted
+        self.data = data or {}
+        self.text = text
