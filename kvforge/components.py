@@ -31,7 +31,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shlex
 import shutil
 import tarfile
 import time
@@ -41,7 +40,10 @@ from pathlib import Path
 from . import gitutil
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .fsutil import file_lock
-from .targets import STANDINS_DIR, Component, Target
+from .runner import tree_name
+from .series import read_series
+from .targets import STANDINS_DIR, Component, Target, load_all, load_target
+from .trees import open_stack, ref_prefix
 
 LOADER = STANDINS_DIR / "_loader"  # holds sitecustomize.py: on PYTHONPATH only when stand-ins are declared
 CPU_PLUGIN = "kvforge_cpu"  # kvforge's CPU platform plugin's entry point name (data/cpu-platform-plugin)
@@ -137,8 +139,6 @@ def _patched_commit(dep) -> tuple[str, str, Path]:
 
     The stack's refs are read without its worktree's lock (another kvforge may be running tests
     in that worktree for an hour); only a stack that was never built is built (under the lock)."""
-    from .trees import open_stack, ref_prefix
-
     series = dep.series()
     base = dep.base()
     prefix = ref_prefix(dep.target.name, dep.component.name, series.digest)
@@ -197,9 +197,6 @@ def export_packages(cache, target: str, component: str, repo: Path, commit: str,
 def lint_selected(target_names=(), component: str | None = None):
     """Lint the series of the named targets (all when none), only `component`'s when given:
     (patches checked, series checked, problems). A component no selected target has is an error."""
-    from .series import read_series
-    from .targets import load_all, load_target
-
     targets = [load_target(n) for n in target_names] if target_names else load_all()
     comps = [c for t in targets for c in t.components if component is None or c.name == component]
     if component is not None and not comps:
@@ -213,37 +210,6 @@ def lint_selected(target_names=(), component: str | None = None):
         checked += len(s.patches)
         problems.extend(s.all_problems())
     return checked, len(comps), problems
-
-
-# ---------------------------------------------------------------- on the hardware (npu)
-
-def tree_name(target: Target, comp: Component, on_base: bool = False) -> str:
-    """The directory `kvforge apply --target T` makes for a component (apply.default_into)."""
-    return f"{comp.name}-{target.name}" + ("-base" if on_base else "")
-
-
-def hardware_steps(target: Target, comp: Component, plat, nodes: list[str], on_base: bool = False) -> list[str]:
-    """Shell steps a runner with the hardware runs for a component built on another, the last one
-    running its tests: get both trees (`kvforge apply --target T` makes every component's), install
-    the required one (vLLM without a device) and then this one (its kernels build against CANN,
-    into the tree), then pytest from this tree's root, where the built kernels are. With on_base,
-    the component's base ref from git, on the same patched required tree."""
-    from .matrix import minimal  # a node inside a listed directory is not passed twice
-
-    nodes = minimal(list(nodes))
-    dep = target.component(comp.requires)
-    dep_tree, tree = tree_name(target, dep), tree_name(target, comp, on_base)
-    t = shlex.quote(target.name)
-    if on_base:
-        get = [f"kvforge apply --target {t} --component {shlex.quote(dep.name)}",
-               f"git clone --depth 1 -b {shlex.quote(comp.ref)} {shlex.quote(comp.repo)} {tree}"]
-    else:
-        get = [f"kvforge apply --target {t}"]
-    junit = f"kvforge-{target.name}-{comp.name}-{plat.name}.xml"
-    return [*get, plat.install_required.format(tree=dep_tree, version=shlex.quote(dep.release.version)),
-            plat.install_component.format(tree=tree),
-            f"cd {tree} && python3 -m pytest -o junit_family=xunit2 --junitxml={junit} "
-            + " ".join(shlex.quote(n) for n in nodes)]
 
 
 # ---------------------------------------------------------------- commands over every component
@@ -326,8 +292,6 @@ def component_of_fix(target: Target, fix_id: str) -> str | None:
     the first component then reports the missing fix as before)."""
     if len(target.components) == 1:
         return None
-    from .series import read_series
-
     having = [c.name for c in target.components if any(p.fix_id == fix_id for p in read_series(c.series_dir).patches)]
     if len(having) > 1:
         raise KvforgeError(f"{fix_id} is carried by several components of {target.name} ({', '.join(having)}): "

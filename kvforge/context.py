@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .bases import Base, ensure_base
 from .cache import Cache
+from .series import Series, load_clean_series
 from .targets import Component, Target, load_target
 
 Progress = Callable[[str], None]
@@ -47,7 +49,7 @@ class Context:
     from_rev: str | None = None  # --from: the commits base..REV are the series (see trees.resolve_from)
     python: Path | None = None  # --python / $KVFORGE_PYTHON: run tests with this interpreter
     torch_index: str | None = None  # --torch-index / $KVFORGE_TORCH_INDEX
-    _base: object | None = field(default=None, repr=False)
+    _base: Base | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, cache: Cache, target_name: str, component: str | None = None, **kw) -> "Context":
@@ -75,16 +77,12 @@ class Context:
         """target/component, as reports name it."""
         return f"{self.target.name}/{self.component.name}"
 
-    def base(self):
+    def base(self) -> Base:
         """The component's base (kvforge.bases.Base), materialised into the cache on first use."""
         if self._base is None:
-            from .bases import ensure_base
-
             self._base = ensure_base(self.component, self.cache, self.source, self.repo_url, self.progress)
         return self._base
 
-    def series(self):
+    def series(self) -> Series:
         """The component's series files, parsed; any lint problem is an error (kvforge.series.Series)."""
-        from .series import load_clean_series
-
         return load_clean_series(self.component)

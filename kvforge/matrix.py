@@ -47,6 +47,10 @@ from pathlib import Path
 from . import gitutil
 from . import platforms as platforms_mod
 from .errors import EXIT_USAGE, KvforgeError
+from .nodes import minimal
+from .report import table
+from .runner import hardware_steps, tree_name
+from .series import read_series
 
 GITHUB_MAX_JOBS = 256  # per matrix (GitHub Actions' limit)
 KINDS = ("build", "cpu", "cuda", "npu")
@@ -136,8 +140,6 @@ def _rel(path: Path, root: Path) -> str:
 def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: tuple[str, ...] = KINDS,
                  cuda_shards: int = 1, runs_on: dict[str, list[str]] | None = None) -> Matrix:
     """Every job of `targets` (kvforge.targets.Target), optionally only those changed since a revision."""
-    from .series import read_series
-
     runs_on = runs_on or {}
     if cuda_shards < 1:
         raise KvforgeError("--cuda-shards must be at least 1", EXIT_USAGE)
@@ -201,8 +203,6 @@ def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: t
                         junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cuda.xml"], selection=selection,
                         timeout_minutes=TIMEOUT_MINUTES["cuda"], runs_here=False, hardware=plat.hardware, **common))
             if "npu" in kinds and "npu" in c.platforms and c.requires:
-                from .components import hardware_steps, tree_name
-
                 plat = platforms_mod.get("npu")
                 selection = sorted({*c.tests.get("npu", ()), *checks})
                 steps = hardware_steps(t, c, plat, minimal(selection))
@@ -337,15 +337,6 @@ def vllm_steps(m: Matrix) -> dict:
     return {"group": f"kvforge {names[0]}", "depends_on": ["image-build"], "steps": steps}
 
 
-def minimal(selection: list[str]) -> list[str]:
-    """The selectors without those another one already covers (a node in a listed file or directory)."""
-    paths = [s.rstrip("/") for s in selection if "::" not in s]
-    def covered(s: str) -> bool:
-        p = s.split("::", 1)[0].rstrip("/")
-        return any(q != s.rstrip("/") and (p == q or p.startswith(q + "/")) for q in paths)
-    return [s for s in selection if not covered(s)]
-
-
 def _rel_series(j: Job) -> str:
     return "vllm/v1/core/"  # a series that touches nothing yet: the area kvforge carries fixes for
 
@@ -391,8 +382,6 @@ def _scalar(v) -> str:
 
 
 def render_table(m: Matrix) -> str:
-    from .report import table
-
     rows = [[j.id, j.kind, j.shard, ",".join(j.runs_on), "yes" if j.runs_here else f"no ({j.platform} runner)",
              j.command] for j in m.jobs]
     skipped = [f"{t['target']}/{t['component']}" for t in m.targets if not t["selected"]]

@@ -16,7 +16,6 @@ in its CI files. Nothing here runs a test; `available()` only looks.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ class Platform:
     environ_items: tuple[tuple[str, str], ...]  # set for every test run on it, over kvforge's common ones
     cpu_plugin: bool  # kvforge's CPU platform plugin goes into its environment
     needs_python: bool  # kvforge cannot build its env: the user's interpreter (--python) is required
-    install: str | None  # hardware_command's install step in a fresh clone (None: kvforge env does it)
+    install: str | None  # runner.hardware_command's install step in a fresh clone (None: kvforge env does it)
     runner_labels: tuple[tuple[str, tuple[str, ...]], ...]  # DEFAULTS per CI system; projects override
     probe: str  # how available() looks: "always" | "cuda" | "npu"
     container: str | None = None  # the CI image its jobs run in (None: the runner's own system)
@@ -145,38 +144,6 @@ def require_available(name: str, python: Path | None) -> Platform:
     if not ok:
         raise KvforgeError(f"not run: {name} tests need {plat.hardware}; {why}", EXIT_NOT_RUN)
     return plat
-
-
-def hardware_command(target, component, platform: str, nodes: list[str], on_base: bool,
-                     python: Path | str | None = None) -> str:
-    """What a runner with the hardware runs.
-
-    A component built on another (vllm-ascend): both trees installed on the device
-    (components.hardware_steps), then pytest in the component's tree. Otherwise, without `python`:
-    get the tree (a clone of the base ref, or `kvforge apply --into`), install vLLM for the device,
-    run pytest on `nodes`. With `python` (the interpreter the runner set up for the
-    device): `kvforge test --platform P --python PATH --target T`, which picks the selection itself.
-    """
-    plat = get(platform)
-    if getattr(component, "requires", None) and plat.install_component:
-        from .components import hardware_steps
-
-        return " && ".join(hardware_steps(target, component, plat, nodes, on_base))
-    if python is not None:
-        cmd = ["kvforge", "test", "--platform", platform, "--python", str(python), "--target", target.name]
-        if len(getattr(target, "components", ())) > 1:
-            cmd += ["--component", component.name]
-        if on_base:
-            cmd.append("--base")
-        return shlex.join(cmd)
-    if plat.install is None:
-        raise KvforgeError(f"platform {platform}: kvforge builds its environment itself "
-                           f"(`kvforge test --platform {platform} --target {target.name}`)", EXIT_USAGE)
-    tree = f"vllm-{target.name}" + ("-base" if on_base else "")
-    get_tree = (f"git clone --depth 1 -b {component.ref} {component.repo} {tree}" if on_base
-                else f"kvforge apply --target {target.name} --into {tree}")
-    return (f"{get_tree} && cd {tree} && {plat.install} && python -m pytest -o junit_family=xunit2 "
-            f"--junitxml=kvforge-{target.name}-{platform}.xml " + " ".join(nodes))
 
 
 # ---------------------------------------------------------------- availability probes

@@ -16,6 +16,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .platforms import PLATFORMS  # the platforms are data in one module
 
@@ -346,9 +349,6 @@ def parse_wheel_pin(value, where: str, release: Release, fail) -> WheelPin | Non
         raise fail(f"{where} needs 'filename' and 'sha256' strings")
     if not SHA256_RE.match(sha):
         raise fail(f"{where}.sha256 must be a 64-hex-digit string")
-    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-    from packaging.version import Version
-
     try:
         if "/" in filename or "\\" in filename:
             raise InvalidWheelFilename("a path, not a file name")

@@ -25,9 +25,10 @@ from typing import Callable, TextIO
 
 from . import evidence
 from .env import Env
-from .platforms import HARDWARE, hardware_command
+from .platforms import HARDWARE
 from .platforms import get as get_platform
 from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .runner import hardware_command
 from .targets import Component, Target
 
 FAILING = ("failed", "error", "missing")

@@ -24,7 +24,7 @@ Invariants:
   of its key: the same requirements give the same environment whichever source supplied torch.
 
 Dependencies: this module imports neither env.py nor userenv.py. It also holds the few small helpers
-all three share (Progress, canonical, _packaging), so the import graph stays a DAG.
+all three share (Progress, canonical), so the import graph stays a DAG.
 """
 
 from __future__ import annotations
@@ -42,8 +42,13 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
+
+from packaging.markers import UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import sys_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from .errors import EXIT_ENV, KvforgeError
 from .fsutil import sha256_file
@@ -58,19 +63,6 @@ INDEX_PROBE_TIMEOUT = float(os.environ.get("KVFORGE_INDEX_TIMEOUT", "5"))  # sec
 
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _packaging() -> SimpleNamespace:
-    """packaging (a kvforge dependency through its tools), else the copy pip vendors."""
-    try:
-        from packaging import markers, requirements, specifiers, tags, utils, version
-    except ImportError:  # pragma: no cover - depends on the installation
-        from pip._vendor.packaging import markers, requirements, specifiers, tags, utils, version
-    return SimpleNamespace(Requirement=requirements.Requirement, InvalidRequirement=requirements.InvalidRequirement,
-                           SpecifierSet=specifiers.SpecifierSet, Version=version.Version,
-                           InvalidVersion=version.InvalidVersion, sys_tags=tags.sys_tags,
-                           parse_wheel_filename=utils.parse_wheel_filename, UndefinedName=markers.UndefinedEnvironmentName,
-                           InvalidWheelFilename=utils.InvalidWheelFilename)
 
 
 # ---------------------------------------------------------------- torch: where it comes from
@@ -187,23 +179,22 @@ def _best_tag() -> str:
 
 def _wheel_info(name: str):
     """(distribution, Version, tags) of a wheel file name, or None when it is not one."""
-    pk = _packaging()
     try:
-        dist, ver, _build, tags = pk.parse_wheel_filename(name)
-    except (pk.InvalidWheelFilename, pk.InvalidVersion):
+        dist, ver, _build, tags = parse_wheel_filename(name)
+    except (InvalidWheelFilename, InvalidVersion):
         return None
     return dist, ver, tags
 
 
 def _compatible(tags) -> bool:
-    return not set(tags).isdisjoint(_packaging().sys_tags())
+    return not set(tags).isdisjoint(sys_tags())
 
 
 def _check_wheel_name(name: str, version: str) -> None:
     info = _wheel_info(name)
     if info is None or canonical(info[0]) != "torch":
         raise SourceFailed(f"{name} is not a torch wheel")
-    if info[1].public != _packaging().Version(version).public:
+    if info[1].public != Version(version).public:
         raise SourceFailed(f"{name} is torch {info[1]}, not {version}")
     if not _compatible(info[2]):
         raise SourceFailed(f"{name} does not install on this Python/platform ({_best_tag()})")
@@ -250,7 +241,7 @@ def _index_hashes(page: str, version: str, url: str) -> list[str]:
     wheel whose link gives no sha256 is refused here. The trust anchor is the index page itself: it
     guards against a corrupted or swapped download, not against a compromised index.
     """
-    want = _packaging().Version(version).public
+    want = Version(version).public
     hashed, unhashed, versions, other_platforms, gpu = [], [], set(), 0, 0
     for href in LINK_RE.findall(page):
         href = html.unescape(href)
@@ -276,7 +267,7 @@ def _index_hashes(page: str, version: str, url: str) -> list[str]:
         raise SourceFailed(f"its links give no sha256 for {', '.join(unhashed[:3])}: not installing an unchecked torch")
     if other_platforms or gpu:
         raise SourceFailed(f"torch {want} is there only as GPU builds or for other platforms than {_best_tag()}")
-    have = ", ".join(sorted(versions, key=lambda v: _packaging().Version(v))[-5:]) or "none"
+    have = ", ".join(sorted(versions, key=lambda v: Version(v))[-5:]) or "none"
     raise SourceFailed(f"no torch {want} wheel at {url}/torch/ (versions there: {have})")
 
 
@@ -371,25 +362,24 @@ def _site_packages(venv: Path) -> list[str]:
 def _accept_torch(py: Path, version: str, src: TorchSource, file: str, digest: str | None,
                   checked: str) -> TorchInstall:
     """Refuse (and uninstall) a torch that is the wrong version or a CUDA/ROCm build."""
-    pk = _packaging()
     venv = py.parent.parent
     dist = next(iter(importlib.metadata.distributions(name="torch", path=_site_packages(venv))), None)
     problem = None
     if dist is None:
         problem = "pip installed no torch"
     else:
-        ver = pk.Version(dist.version)
+        ver = Version(dist.version)
         gpu = []
         for r in dist.requires or []:
             try:
-                req = pk.Requirement(r)
+                req = Requirement(r)
                 active = req.marker is None or req.marker.evaluate({"extra": ""})
-            except (pk.InvalidRequirement, pk.UndefinedName):
+            except (InvalidRequirement, UndefinedEnvironmentName):
                 continue
             name = canonical(req.name)
             if active and (name.startswith("nvidia-") or name in ("triton", "pytorch-triton-rocm")):
                 gpu.append(req.name)
-        if ver.public != pk.Version(version).public:
+        if ver.public != Version(version).public:
             problem = f"it gave torch {ver}, not {version}"
         elif (ver.local or "").startswith(("cu", "rocm")) or gpu:
             problem = f"torch {ver} is a GPU build (needs {', '.join(gpu[:3]) or ver.local})"

@@ -17,10 +17,9 @@ Invariants:
   renamed into place, so a half-built one never counts. One is reused only while a fresh probe finds
   nothing lacking.
 
-Ownership: Env, EnvSpec, the needed set, the CPU plugin wheel, the Hugging Face cache and the logged
-command runner are env.py's. env.py imports this module, so this one never imports env.py at module
-level: it reaches it inside the functions that need it, at call time. The package-name helpers come
-from torchsource.py.
+Ownership: Env, EnvSpec, the needed set's fixed part, the CPU plugin wheel, the Hugging Face cache
+and the logged command runner are envcore.py's, shared with env.py (which imports this module; this
+one never imports env.py). The package-name helpers come from torchsource.py.
 """
 
 from __future__ import annotations
@@ -34,16 +33,19 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from packaging.markers import UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from . import platforms as platforms_mod
 from .cache import Cache
+from .envcore import PLUGIN_ENTRY_POINT, RECIPE, Env, EnvSpec, build_plugin_wheel, ensure_hf_home, \
+    needed_requirements, run_logged
 from .errors import EXIT_ENV, KvforgeError
 from .fsutil import file_lock
-from .torchsource import Progress, _packaging, canonical
-
-if TYPE_CHECKING:  # annotations only: env.py imports this module
-    from .env import Env, EnvSpec
+from .torchsource import Progress, canonical
 
 OVERLAY_MARKER = "kvforge-overlay.json"
 NO_DEPS = ("xgrammar",)  # installed without their dependencies (xgrammar's pull triton and torch)
@@ -115,8 +117,7 @@ class Interpreter:
 
     def lack(self, requirement: str) -> Lack | None:
         """None when `requirement` is met (or its marker excludes this interpreter)."""
-        pk = _packaging()
-        req = pk.Requirement(requirement)
+        req = Requirement(requirement)
         if req.marker is not None and not req.marker.evaluate(self.markers):
             return None
         name = canonical(req.name)
@@ -127,14 +128,13 @@ class Interpreter:
         if not req.specifier:
             return None
         try:
-            ok = req.specifier.contains(pk.Version(have["version"]), prereleases=True)
-        except pk.InvalidVersion:
+            ok = req.specifier.contains(Version(have["version"]), prereleases=True)
+        except InvalidVersion:
             ok = False
         return None if ok else Lack(name, want, have["version"], str(req.specifier))
 
     def unmet_dependencies(self, under: Path) -> list[Lack]:
         """Unmet Requires-Dist of the distributions found under `under` (the overlay), torch left out."""
-        pk = _packaging()
         out: dict[str, Lack] = {}
         for d in self.dists.values():
             if not _inside(d["location"], under) or canonical(d["name"]) in NO_DEPS:
@@ -142,7 +142,7 @@ class Interpreter:
             for r in d["requires"]:
                 try:
                     lack = self.lack(r)
-                except (pk.InvalidRequirement, pk.UndefinedName):
+                except (InvalidRequirement, UndefinedEnvironmentName):
                     continue
                 if lack is not None and lack.name != "torch":
                     out.setdefault(lack.name, lack)
@@ -174,7 +174,6 @@ def probe_interpreter(python: Path, environ: dict[str, str]) -> Interpreter:
 
 def lacks(interp: Interpreter, spec: EnvSpec, platform_name: str) -> list[Lack]:
     """Everything `interp` lacks for the tests, torch first when absent."""
-    from .env import PLUGIN_ENTRY_POINT, needed_requirements  # at call time: env.py imports this module
     out = [] if "torch" in interp.dists else [Lack("torch", "torch")]
     seen = set()
     for r in needed_requirements(spec):
@@ -190,7 +189,6 @@ def lacks(interp: Interpreter, spec: EnvSpec, platform_name: str) -> list[Lack]:
 def user_env(python: Path, spec: EnvSpec, cache: Cache, platform_name: str = "cpu", rebuild: bool = False,
              progress: Progress | None = None, origin: str = "--python") -> Env:
     """The user's interpreter, with what it lacks installed into an overlay in the cache (never into it)."""
-    from .env import RECIPE, Env, ensure_hf_home  # at call time: env.py imports this module
     say = progress or (lambda _m: None)
     python = Path(os.path.abspath(Path(python).expanduser()))  # not resolved: a venv's python is a symlink
     if not python.exists():
@@ -242,7 +240,6 @@ def _build_overlay(python: Path, interp: Interpreter, bare: Env, missing: list[L
                    platform_name: str, final: Path, cache: Cache, say: Progress) -> None:
     """pip install --target, --no-deps, of what is missing; then of what those need and the interpreter
     lacks (their dependencies are checked against the interpreter plus the overlay), until nothing is."""
-    from .env import _run, build_plugin_wheel  # at call time: env.py imports this module
     start = time.monotonic()
     log = cache.envs / f"{final.name}.build.log"
     log.write_text("", encoding="utf-8")
@@ -269,7 +266,7 @@ def _build_overlay(python: Path, interp: Interpreter, bare: Env, missing: list[L
             reqs.write_text("\n".join(wants.values()) + "\n", encoding="utf-8")
             say(f"overlay {final.name}: round {round_}: pip install --target --no-deps {len(wants)} packages "
                 f"({time.monotonic() - start:.0f}s)")
-            _run([*pip, "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+            run_logged([*pip, "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
                   "--no-deps", "--target", str(target), "-r", str(reqs)], log,
                  f"pip install --target {final.name}", env=env)
             view = replace(bare, overlay=target)
@@ -305,6 +302,5 @@ def _build_overlay(python: Path, interp: Interpreter, bare: Env, missing: list[L
 
 
 def _merge(a: str, b: str) -> str:
-    pk = _packaging()
-    ra, rb = pk.Requirement(a), pk.Requirement(b)
-    return f"{ra.name}{pk.SpecifierSet(str(ra.specifier)) & pk.SpecifierSet(str(rb.specifier))}"
+    ra, rb = Requirement(a), Requirement(b)
+    return f"{ra.name}{SpecifierSet(str(ra.specifier)) & SpecifierSet(str(rb.specifier))}"

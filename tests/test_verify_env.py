@@ -275,23 +275,23 @@ def test_platforms_are_data_with_their_environment_and_labels():
 
 
 def test_hardware_command_is_what_a_runner_runs():
-    from kvforge import platforms
+    from kvforge import runner
     from kvforge.targets import Component, Release, Target
 
     comp = Component("vllm", "https://github.com/vllm-project/vllm.git", "v0.20.1", Release("vllm", "0.20.1"),
                      Path("patches/v0.20.1"), ("cpu", "cuda"), {"cuda": ("tests/v1/core",)})
     target = Target("v0.20.1", "", Path("targets/v0.20.1.toml"), (comp,))
-    assert platforms.hardware_command(target, comp, "cuda", ["tests/v1/core", "tests/x.py::t"], False) == (
+    assert runner.hardware_command(target, comp, "cuda", ["tests/v1/core", "tests/x.py::t"], False) == (
         "kvforge apply --target v0.20.1 --into vllm-v0.20.1 && cd vllm-v0.20.1 && "
         "VLLM_USE_PRECOMPILED=1 pip install -e . pytest tblib && python -m pytest -o junit_family=xunit2 "
         "--junitxml=kvforge-v0.20.1-cuda.xml tests/v1/core tests/x.py::t")
-    assert platforms.hardware_command(target, comp, "npu", ["tests/v1/core"], True) == (
+    assert runner.hardware_command(target, comp, "npu", ["tests/v1/core"], True) == (
         "git clone --depth 1 -b v0.20.1 https://github.com/vllm-project/vllm.git vllm-v0.20.1-base && "
         "cd vllm-v0.20.1-base && pip install -e . pytest tblib vllm-ascend && python -m pytest "
         "-o junit_family=xunit2 --junitxml=kvforge-v0.20.1-npu.xml tests/v1/core")
-    assert platforms.hardware_command(target, comp, "cuda", [], False, python="/srv/gpu env/bin/python") == (
+    assert runner.hardware_command(target, comp, "cuda", [], False, python="/srv/gpu env/bin/python") == (
         "kvforge test --platform cuda --python '/srv/gpu env/bin/python' --target v0.20.1")
-    assert platforms.hardware_command(target, comp, "cuda", [], True, python=Path("/g/python")).endswith(
+    assert runner.hardware_command(target, comp, "cuda", [], True, python=Path("/g/python")).endswith(
         "--target v0.20.1 --base")
 
 
