@@ -22,7 +22,7 @@ import click
 from . import __version__
 from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
-from .platforms import PLATFORMS
+from .platforms import JOB_KINDS, PLATFORMS
 from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_LINT, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .report import emit_json, table
 
@@ -565,7 +565,7 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
                    "buildkite-vllm: steps in vLLM's .buildkite/test_areas format; commands/targets: one per line.")
 @click.option("--changed-since", metavar="REV",
               help="Only the targets whose target file or series changed since REV (all when kvforge changed).")
-@click.option("--kind", "kinds", multiple=True, type=click.Choice(["build", "cpu", "cuda", "npu"]),
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(list(JOB_KINDS)),
               help="Only these kinds of job (repeatable) [default: all].")
 @click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", help="Only these targets (repeatable).")
 @click.option("--cuda-shards", type=int, default=1, show_default=True, help="Split each cuda job's tests N ways.")
@@ -580,15 +580,16 @@ def matrix_cmd(fmt: str, changed_since: str | None, kinds: tuple[str, ...], targ
     Generated only: nothing is run, and cuda/npu jobs (runs_here: false) are never reported as
     passed. With --json (or --format json) errors are a JSON object too.
     """
-    from .matrix import (KINDS, buildkite_pipeline, build_matrix, github_outputs, parse_runs_on, render_table,
-                         to_yaml, vllm_steps)
+    from .matrix import (buildkite_pipeline, build_matrix, github_outputs, parse_runs_on, render_table, to_yaml,
+                         vllm_steps)
     from .targets import load_all, load_target, project_root
 
     as_json = as_json or fmt == "json"
     try:
         root = project_root()
         targets = [load_target(n, root) for n in target_names] if target_names else load_all(root)
-        m = build_matrix(targets, root, changed_since, tuple(kinds) or KINDS, cuda_shards, parse_runs_on(runs_on))
+        m = build_matrix(targets, root, changed_since, tuple(kinds) or tuple(JOB_KINDS), cuda_shards,
+                         parse_runs_on(runs_on))
         if as_json:
             emit_json(m.to_json())
         elif fmt == "github":

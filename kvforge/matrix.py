@@ -11,7 +11,7 @@ Jobs are targets x components x kinds (x shards):
   kvforge/platforms.py). For a component built on vLLM (v0.20.2rc's vllm-ascend): `kvforge apply`
   makes both patched trees, vLLM is installed from its tree with VLLM_TARGET_DEVICE=empty, the
   patched vllm-ascend over it (its kernels build into its tree), and the command is pytest of its
-  npu selection and Checks from that tree (kvforge/components.py hardware_steps). For a vLLM
+  npu selection and Checks from that tree (kvforge/runner.py hardware_steps). For a vLLM
   component listing npu: the patched tree, the vllm-ascend release branch over it, then
   `kvforge test --platform npu`.
 Each job's command is a kvforge command (except that pytest in the installed vllm-ascend tree), so
@@ -20,9 +20,11 @@ prepare a runner (install kvforge, the hardware's interpreter). cuda and npu job
 for their runners only: `kvforge matrix` never runs a job, and the output marks them
 `runs_here: false` with the hardware they need: nothing here reports them as passed.
 
-Runner labels and environment recipes come from kvforge.platforms (defaults; `--runs-on
-PLATFORM=LABEL` overrides one). What only CI files need (vLLM's Buildkite device names, the NPU
-container, the vllm-ascend checkout, timeouts) is data in this module.
+The kinds of job are one table, kvforge.platforms.JOB_KINDS (build, then one per platform), and
+every fact a job takes from its platform is data there: runner labels (defaults; `--runs-on
+PLATFORM=LABEL` overrides one), container, timeout, Buildkite emoji, vLLM's Buildkite device, the
+plugin a "tree" job installs. This module has one function per recipe (RECIPES: build, verify,
+wheel, tree) and the output formats.
 
 Formats: json (everything), github (lines for $GITHUB_OUTPUT: one `{"include": [...]}` matrix per
 kind, each at most 256 jobs, GitHub's limit), buildkite (a Buildkite pipeline for `buildkite-agent
@@ -43,27 +45,23 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Collection
 
 from . import gitutil
 from . import platforms as platforms_mod
 from .errors import EXIT_USAGE, KvforgeError
 from .nodes import minimal
+from .platforms import BUILD, JOB_KINDS, JobKind, Platform
 from .report import table
 from .runner import hardware_steps, tree_name
 from .series import read_series
+from .targets import Component, Target
 
 GITHUB_MAX_JOBS = 256  # per matrix (GitHub Actions' limit)
-KINDS = ("build", "cpu", "cuda", "npu")
 CACHE_DIR = ".kvforge-cache"  # $KVFORGE_CACHE in CI, relative to the checkout
 INSTALL_KVFORGE = "python3 -m pip install -e ."
-TIMEOUT_MINUTES = {"build": 60, "cpu": 60, "cuda": 90, "npu": 90}
 # kvforge's own sources: a change there re-runs every target.
 TOOL_PATHS = ("kvforge/", "pyproject.toml")
-# vllm-ascend's source, for the npu job of a vLLM component (the target has no vllm-ascend component).
-VLLM_ASCEND_REPO = "https://github.com/vllm-project/vllm-ascend.git"
-# vLLM's own Buildkite (.buildkite/test_areas): device names and the image each depends on.
-VLLM_DEVICES = {"cpu": ("cpu-small", "image-build-cpu"), "cuda": ("l4", "image-build"),
-                "npu": ("ascend_npu", None)}
 
 
 @dataclass
@@ -106,7 +104,7 @@ class Matrix:
         return [j for j in self.jobs if j.kind == kind]
 
     def to_json(self) -> dict:
-        counts = {k: len(self.of(k)) for k in KINDS}
+        counts = {k: len(self.of(k)) for k in JOB_KINDS}
         return {"jobs": [j.to_json() for j in self.jobs], "targets": self.targets, "changed_since": self.changed_since,
                 "counts": counts,
                 "not_run": "kvforge matrix runs nothing; cuda and npu jobs are generated for runners with that "
@@ -129,7 +127,7 @@ def parse_runs_on(specs: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _agents(plat) -> dict[str, str]:
+def _agents(plat: Platform) -> dict[str, str]:
     return dict(tag.split("=", 1) for tag in plat.labels("buildkite") if "=" in tag)
 
 
@@ -137,9 +135,113 @@ def _rel(path: Path, root: Path) -> str:
     return Path(path).resolve().relative_to(root.resolve()).as_posix()
 
 
-def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: tuple[str, ...] = KINDS,
-                 cuda_shards: int = 1, runs_on: dict[str, list[str]] | None = None) -> Matrix:
-    """Every job of `targets` (kvforge.targets.Target), optionally only those changed since a revision."""
+@dataclass
+class _Unit:
+    """One component of one target, as its jobs see it (what every recipe below shares)."""
+
+    target: Target
+    comp: Component
+    checks: list[str]  # the series' Checks
+    tflag: str  # --target T [--component C]
+    tid: str  # the job ids' suffix
+    dist: str  # where the build job puts the wheel
+    common: dict  # Job fields every job of the unit has
+    kinds: Collection[str]
+    cuda_shards: int
+    runs_on: dict[str, list[str]]
+
+    def selection(self, platform: str) -> list[str]:
+        return sorted({*self.comp.tests.get(platform, ()), *self.checks})
+
+    def job(self, kind: JobKind, plat: Platform, **fields) -> Job:
+        """A Job of `kind` on `plat`'s runner: labels, agents, container, timeout and whether it runs
+        anywhere come from the platform and kind tables; the recipe gives the rest."""
+        anywhere = plat.probe == "always"
+        fields.setdefault("id", f"{kind.name}-{self.tid}")
+        labels = self.runs_on.get(plat.name) or plat.labels("github")
+        return Job(kind=kind.name, platform=plat.name, runs_on=list(labels),
+                   agents=_agents(plat), container=plat.container, timeout_minutes=kind.timeout_minutes,
+                   runs_here=anywhere, hardware="" if anywhere else plat.hardware, **fields, **self.common)
+
+
+def _build_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
+    """The patched release wheel, verified on CPU; a component with a [components.wheel] pin."""
+    t, c = u.target, u.comp
+    if c.wheel is None:
+        return []
+    return [u.job(kind, plat, name=f"build {t.name}/{c.name}", command=f"kvforge build {u.tflag} --out {u.dist}",
+                  setup=[INSTALL_KVFORGE], artifact=f"wheel-{u.tid}", artifact_path=f"{u.dist}/*.whl",
+                  junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cpu.xml"], selection=u.checks)]
+
+
+def _verify_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
+    """`kvforge verify`: every patch proven with vLLM's tests on the platform (what .ci/run runs)."""
+    t, c = u.target, u.comp
+    if plat.name not in c.platforms:
+        return []
+    return [u.job(kind, plat, name=f"{kind.name} {t.name}/{c.name}: verify", command=f"kvforge verify {u.tflag}",
+                  setup=[INSTALL_KVFORGE], junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"],
+                  selection=u.selection(plat.name))]
+
+
+def _wheel_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
+    """The build job's wheel (with its dependencies: the platform's torch) in a venv, then
+    `kvforge build --wheel --platform P --tests all`; split --cuda-shards ways."""
+    t, c = u.target, u.comp
+    if plat.name not in c.platforms or c.wheel is None:
+        return []
+    venv = f".venv-{plat.name}"
+    shards = u.cuda_shards
+    jobs = []
+    for k in range(1, shards + 1):
+        shard = f"{k}/{shards}"
+        jobs.append(u.job(
+            kind, plat, id=f"{kind.name}-{u.tid}" + (f"-{k}of{shards}" if shards > 1 else ""), shard=shard,
+            name=f"{kind.name} {t.name}/{c.name}: wheel tests" + (f" ({shard})" if shards > 1 else ""),
+            command=(f"kvforge build {u.tflag} --wheel {u.dist} --platform {plat.name} --python {venv}/bin/python "
+                     f"--tests all" + (f" --shard {shard}" if shards > 1 else "")),
+            setup=[INSTALL_KVFORGE, f"python3 -m venv {venv}",
+                   f"{venv}/bin/python -m pip install {u.dist}/*.whl pytest tblib"],
+            needs=[f"{BUILD.name}-{u.tid}"] if BUILD.name in u.kinds else [],
+            artifact=f"wheel-{u.tid}", artifact_path=u.dist,
+            junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-{plat.name}.xml"], selection=u.selection(plat.name)))
+    return jobs
+
+
+def _tree_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
+    """On the platform's runner, in its container. A component built on another (v0.20.2rc's
+    vllm-ascend): both patched trees installed and pytest of its selection from its tree
+    (runner.hardware_steps). A vLLM component: the patched tree, the platform's plugin over it, then
+    `kvforge test --platform P`."""
+    t, c = u.target, u.comp
+    if plat.name not in c.platforms:
+        return []
+    selection = u.selection(plat.name)
+    if c.requires:
+        steps = hardware_steps(t, c, plat, minimal(selection))
+        return [u.job(kind, plat, name=f"{kind.name} {t.name}/{c.name}: on {c.requires}", command=steps[-1],
+                      setup=[INSTALL_KVFORGE, *steps[:-1]],
+                      junit=[f"{tree_name(t, c)}/kvforge-{t.name}-{c.name}-{plat.name}.xml"], selection=selection)]
+    ci = plat.ci
+    tree = f"vllm-{t.name}"
+    ref = "main" if t.name == "main" else ci.plugin_ref.format(target=t.name)
+    setup = [line.format(tree=tree, plugin=ci.plugin, plugin_repo=ci.plugin_repo, ref=ref) for line in ci.tree_setup]
+    return [u.job(kind, plat, name=f"{kind.name} {t.name}/{c.name}: {ci.plugin}",
+                  command=f'kvforge test {u.tflag} --platform {plat.name} --python "$(command -v python3)"',
+                  setup=[INSTALL_KVFORGE, f"kvforge apply {u.tflag} --into {tree}", *setup],
+                  junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"], selection=selection)]
+
+
+# How each kind of job is made (JobKind.recipe; kvforge.platforms holds the facts).
+RECIPES: dict[str, Callable[[_Unit, JobKind, Platform], list[Job]]] = {
+    "build": _build_jobs, "verify": _verify_jobs, "wheel": _wheel_jobs, "tree": _tree_jobs}
+
+
+def build_matrix(targets: list[Target], root: Path, changed_since: str | None = None,
+                 kinds: Collection[str] = tuple(JOB_KINDS), cuda_shards: int = 1,
+                 runs_on: dict[str, list[str]] | None = None) -> Matrix:
+    """Every job of `targets`, optionally only those changed since a revision: per target and
+    component, one recipe per kind of job in JOB_KINDS' order (those in `kinds`)."""
     runs_on = runs_on or {}
     if cuda_shards < 1:
         raise KvforgeError("--cuda-shards must be at least 1", EXIT_USAGE)
@@ -159,75 +261,14 @@ def build_matrix(targets, root: Path, changed_since: str | None = None, kinds: t
             touched = sorted({f for p in series.patches for f in p.touched_paths})
             tflag = f"--target {shlex.quote(t.name)}" + (f" --component {shlex.quote(c.name)}"
                                                         if len(t.components) > 1 else "")
-            tid = slug(f"{t.name}-{c.name}")
             project = [_rel(t.path, root), _rel(c.series_dir, root) + "/**", *[p + ("**" if p.endswith("/") else "")
                                                                            for p in TOOL_PATHS]]
-            dist = f"dist/{t.name}"
-            common = dict(target=t.name, component=c.name, if_changed=project, source_files=touched,
-                          requires=c.requires)
-
-            def labels(p: str) -> list[str]:
-                return list(runs_on.get(p) or platforms_mod.get(p).labels("github"))
-
-            cpu = platforms_mod.get("cpu")
-            if "build" in kinds and c.wheel is not None:
-                jobs.append(Job(
-                    id=f"build-{tid}", kind="build", platform="cpu", name=f"build {t.name}/{c.name}",
-                    command=f"kvforge build {tflag} --out {dist}", setup=[INSTALL_KVFORGE],
-                    runs_on=labels("cpu"), agents=_agents(cpu), artifact=f"wheel-{tid}", artifact_path=f"{dist}/*.whl",
-                    junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cpu.xml"], selection=checks,
-                    timeout_minutes=TIMEOUT_MINUTES["build"], **common))
-            if "cpu" in kinds and "cpu" in c.platforms:
-                jobs.append(Job(
-                    id=f"cpu-{tid}", kind="cpu", platform="cpu", name=f"cpu {t.name}/{c.name}: verify",
-                    command=f"kvforge verify {tflag}", setup=[INSTALL_KVFORGE], runs_on=labels("cpu"),
-                    agents=_agents(cpu), junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"],
-                    selection=sorted({*c.tests.get("cpu", ()), *checks}), timeout_minutes=TIMEOUT_MINUTES["cpu"],
-                    **common))
-            if "cuda" in kinds and "cuda" in c.platforms and c.wheel is not None:
-                plat = platforms_mod.get("cuda")
-                venv = ".venv-cuda"
-                selection = sorted({*c.tests.get("cuda", ()), *checks})
-                for k in range(1, cuda_shards + 1):
-                    shard = f"{k}/{cuda_shards}"
-                    sid = f"cuda-{tid}" + (f"-{k}of{cuda_shards}" if cuda_shards > 1 else "")
-                    jobs.append(Job(
-                        id=sid, kind="cuda", platform="cuda", shard=shard,
-                        name=f"cuda {t.name}/{c.name}: wheel tests" + (f" ({shard})" if cuda_shards > 1 else ""),
-                        command=(f"kvforge build {tflag} --wheel {dist} --platform cuda --python {venv}/bin/python "
-                                 f"--tests all" + (f" --shard {shard}" if cuda_shards > 1 else "")),
-                        setup=[INSTALL_KVFORGE, f"python3 -m venv {venv}",
-                               f"{venv}/bin/python -m pip install {dist}/*.whl pytest tblib"],
-                        needs=[f"build-{tid}"] if "build" in kinds else [], runs_on=labels("cuda"), agents=_agents(plat),
-                        artifact=f"wheel-{tid}", artifact_path=dist,
-                        junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cuda.xml"], selection=selection,
-                        timeout_minutes=TIMEOUT_MINUTES["cuda"], runs_here=False, hardware=plat.hardware, **common))
-            if "npu" in kinds and "npu" in c.platforms and c.requires:
-                plat = platforms_mod.get("npu")
-                selection = sorted({*c.tests.get("npu", ()), *checks})
-                steps = hardware_steps(t, c, plat, minimal(selection))
-                jobs.append(Job(
-                    id=f"npu-{tid}", kind="npu", platform="npu", name=f"npu {t.name}/{c.name}: on {c.requires}",
-                    command=steps[-1], setup=[INSTALL_KVFORGE, *steps[:-1]], runs_on=labels("npu"),
-                    agents=_agents(plat), container=plat.container,
-                    junit=[f"{tree_name(t, c)}/kvforge-{t.name}-{c.name}-npu.xml"], selection=selection,
-                    timeout_minutes=TIMEOUT_MINUTES["npu"], runs_here=False, hardware=plat.hardware, **common))
-            elif "npu" in kinds and "npu" in c.platforms:
-                plat = platforms_mod.get("npu")
-                tree = f"vllm-{t.name}"
-                ascend_ref = "main" if t.name == "main" else f"releases/{t.name}"
-                jobs.append(Job(
-                    id=f"npu-{tid}", kind="npu", platform="npu", name=f"npu {t.name}/{c.name}: vllm-ascend",
-                    command=f'kvforge test {tflag} --platform npu --python "$(command -v python3)"',
-                    setup=[INSTALL_KVFORGE, f"kvforge apply {tflag} --into {tree}",
-                           f"VLLM_TARGET_DEVICE=empty python3 -m pip install -e {tree}",
-                           f"git clone --depth 1 -b {ascend_ref} {VLLM_ASCEND_REPO} vllm-ascend",
-                           "python3 -m pip install -r vllm-ascend/requirements-dev.txt",
-                           "python3 -m pip install -e vllm-ascend pytest tblib"],
-                    runs_on=labels("npu"), agents=_agents(plat), container=plat.container,
-                    junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"],
-                    selection=sorted({*c.tests.get("npu", ()), *checks}), timeout_minutes=TIMEOUT_MINUTES["npu"],
-                    runs_here=False, hardware=plat.hardware, **common))
+            unit = _Unit(t, c, checks, tflag, slug(f"{t.name}-{c.name}"), f"dist/{t.name}",
+                         dict(target=t.name, component=c.name, if_changed=project, source_files=touched,
+                              requires=c.requires), kinds, cuda_shards, runs_on)
+            for kind in JOB_KINDS.values():
+                if kind.name in kinds:
+                    jobs += RECIPES[kind.recipe](unit, kind, platforms_mod.get(kind.platform))
     return Matrix(jobs=jobs, targets=listing, changed_since=changed_since)
 
 
@@ -273,7 +314,7 @@ def changed_targets(root: Path, rev: str, targets) -> dict[str, str]:
 def github_outputs(m: Matrix) -> str:
     """Lines for $GITHUB_OUTPUT: <kind>=<{"include": [...]}> and has_<kind>=true|false."""
     lines = []
-    for kind in KINDS:
+    for kind in JOB_KINDS:
         jobs = m.of(kind)
         if len(jobs) > GITHUB_MAX_JOBS:
             raise KvforgeError(f"{len(jobs)} {kind} jobs: a GitHub Actions matrix holds at most {GITHUB_MAX_JOBS}; "
@@ -292,12 +333,13 @@ def buildkite_pipeline(m: Matrix) -> dict:
     steps = []
     for j in m.jobs:
         commands = list(j.setup)
-        if j.kind == "cuda":
+        if JOB_KINDS[j.kind].recipe == "wheel":  # the build job's wheel
             commands.insert(0, f"buildkite-agent artifact download '{j.artifact_path}/*.whl' .")
         commands.append(j.command)
-        step = {"label": f"{_emoji(j.kind)} {j.name}", "key": j.id, "commands": commands, "agents": j.agents,
+        step = {"label": f"{JOB_KINDS[j.kind].emoji} {j.name}", "key": j.id, "commands": commands, "agents": j.agents,
                 "env": {"KVFORGE_CACHE": CACHE_DIR}, "timeout_in_minutes": j.timeout_minutes, "soft_fail": False,
-                "if_changed": j.if_changed, "artifact_paths": [*([j.artifact_path] if j.kind == "build" else []),
+                "if_changed": j.if_changed, "artifact_paths": [*([j.artifact_path] if JOB_KINDS[j.kind].recipe == "build" and j.artifact_path
+                                                                 else []),
                                                                *j.junit]}
         if j.needs:
             step["depends_on"] = list(j.needs)
@@ -305,10 +347,6 @@ def buildkite_pipeline(m: Matrix) -> dict:
             step["plugins"] = [{"docker#v5.12.0": {"image": j.container, "propagate-environment": True}}]
         steps.append(step)
     return {"steps": steps}
-
-
-def _emoji(kind: str) -> str:
-    return {"build": ":package:", "cpu": ":computer:", "cuda": ":nvidia:", "npu": ":zap:"}[kind]
 
 
 def vllm_steps(m: Matrix) -> dict:
@@ -319,20 +357,20 @@ def vllm_steps(m: Matrix) -> dict:
                            f"(selected: {', '.join(names) or 'none'})", EXIT_USAGE)
     steps = []
     for j in m.jobs:
-        if j.kind not in ("cpu", "cuda", "npu") or not j.selection or not j.shard.startswith("1/") or j.requires:
+        if j.kind not in platforms_mod.PLATFORMS or not j.selection or not j.shard.startswith("1/") or j.requires:
             continue  # one step per platform (vLLM's own generator shards); vLLM's tree only
-        device, image = VLLM_DEVICES[j.platform]
+        ci = platforms_mod.get(j.platform).ci
         paths = [s.removeprefix("tests/") for s in minimal(j.selection)]  # vLLM's steps run in tests/
         step = {"label": f"kvforge {j.target} ({j.platform}): series Checks and selection",
                 "key": slug(f"kvforge-{j.target}-{j.component}-{j.platform}"),
-                "timeout_in_minutes": j.timeout_minutes, "device": device,
+                "timeout_in_minutes": j.timeout_minutes, "device": ci.vllm_device,
                 "source_file_dependencies": j.source_files or [f"{_rel_series(j)}"],
                 "commands": ["pytest -v -s " + " ".join(shlex.quote(p) for p in paths)],
-                "soft_fail": j.platform == "npu"}
-        if image:
-            step["depends_on"] = [image]
-        if j.platform != "cpu":
-            step["num_devices"] = 1
+                "soft_fail": ci.vllm_soft_fail}
+        if ci.vllm_image:
+            step["depends_on"] = [ci.vllm_image]
+        if ci.vllm_num_devices is not None:
+            step["num_devices"] = ci.vllm_num_devices
         steps.append(step)
     return {"group": f"kvforge {names[0]}", "depends_on": ["image-build"], "steps": steps}
 

@@ -9,8 +9,11 @@ CI job for it asks for.
 - npu: an Ascend NPU with CANN, torch-npu and vllm-ascend in the user's interpreter; CI jobs run
   in vllm-ascend's CANN container on its runner label.
 
-Runner labels are defaults (GitHub Actions `runs-on`, Buildkite agent tags); a project overrides them
-in its CI files. Nothing here runs a test; `available()` only looks.
+Each platform also carries its CI job as data (CI: how the job tests, timeout, Buildkite emoji, vLLM's
+Buildkite device name, the plugin a "tree" job installs), and JOB_KINDS (build plus one kind per
+platform) is the one table of CI job kinds kvforge matrix and the CLI's --kind use. Runner labels are
+defaults (GitHub Actions `runs-on`, Buildkite agent tags); a project overrides them in its CI files.
+Nothing here runs a test; `available()` only looks.
 """
 
 from __future__ import annotations
@@ -27,6 +30,36 @@ PROBE_TIMEOUT = 120  # seconds: importing torch (and torch_npu) can be slow on a
 
 
 @dataclass(frozen=True)
+class CI:
+    """A platform's CI job, as `kvforge matrix` makes it (defaults; a project's CI files override them)."""
+
+    recipe: str  # how the job tests: "verify" (kvforge verify, anywhere) | "wheel" (the build job's wheel
+    #              in a venv, kvforge build --wheel) | "tree" (the patched tree and `plugin` over it, kvforge test)
+    timeout_minutes: int
+    emoji: str  # the Buildkite label's prefix
+    vllm_device: str  # vLLM's own Buildkite (.buildkite/test_areas): its name for the device
+    vllm_image: str | None = None  # the image step vLLM's Buildkite builds for that device (depends_on)
+    vllm_num_devices: int | None = None  # num_devices of vLLM's step (None: not set, the CPU)
+    vllm_soft_fail: bool = False  # vLLM's step may fail without failing the build
+    # recipe "tree": the out-of-tree platform plugin installed over the patched tree (its checkout is ./{plugin})
+    plugin: str = ""
+    plugin_repo: str = ""
+    plugin_ref: str = ""  # its branch for a release target ({target}); for a target named main: main
+    tree_setup: tuple[str, ...] = ()  # after `kvforge apply --into {tree}`: {tree}, {plugin}, {plugin_repo}, {ref}
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of CI job (build, or one per platform): the platform whose runner runs it and how."""
+
+    name: str
+    platform: str
+    recipe: str  # "build" | CI.recipe
+    timeout_minutes: int
+    emoji: str
+
+
+@dataclass(frozen=True)
 class Platform:
     name: str
     hardware: str  # what a machine needs, in words (shown when a platform cannot run here)
@@ -37,6 +70,7 @@ class Platform:
     install: str | None  # runner.hardware_command's install step in a fresh clone (None: kvforge env does it)
     runner_labels: tuple[tuple[str, tuple[str, ...]], ...]  # DEFAULTS per CI system; projects override
     probe: str  # how available() looks: "always" | "cuda" | "npu"
+    ci: CI  # its CI job (kvforge matrix)
     container: str | None = None  # the CI image its jobs run in (None: the runner's own system)
     # For a component built on another (vllm-ascend on vllm): how the required tree and then the
     # component's tree are installed on this platform ({tree}, {version}: the required release).
@@ -79,6 +113,8 @@ CPU = Platform(
     install=None,
     runner_labels=(("github", ("ubuntu-latest",)), ("buildkite", ("queue=cpu",))),
     probe="always",
+    ci=CI(recipe="verify", timeout_minutes=60, emoji=":computer:", vllm_device="cpu-small",
+          vllm_image="image-build-cpu"),
 )
 
 CUDA = Platform(
@@ -98,6 +134,8 @@ CUDA = Platform(
     install="VLLM_USE_PRECOMPILED=1 pip install -e . pytest tblib",
     runner_labels=(("github", ("self-hosted", "linux", "x64", "gpu")), ("buildkite", ("queue=gpu_1_queue",))),
     probe="cuda",
+    ci=CI(recipe="wheel", timeout_minutes=90, emoji=":nvidia:", vllm_device="l4", vllm_image="image-build",
+          vllm_num_devices=1),
 )
 
 NPU = Platform(
@@ -117,6 +155,14 @@ NPU = Platform(
     # single-card e2e jobs run on linux-aarch64-a2b3-1 in this CANN 9.0.0 (Atlas A2, 910B) image.
     runner_labels=(("github", ("linux-aarch64-a2b3-1",)), ("buildkite", ("queue=ascend",))),
     probe="npu",
+    # A vLLM component on npu: its patched tree without a device, vllm-ascend's release branch over it.
+    ci=CI(recipe="tree", timeout_minutes=90, emoji=":zap:", vllm_device="ascend_npu", vllm_num_devices=1,
+          vllm_soft_fail=True, plugin="vllm-ascend", plugin_repo="https://github.com/vllm-project/vllm-ascend.git",
+          plugin_ref="releases/{target}",
+          tree_setup=("VLLM_TARGET_DEVICE=empty python3 -m pip install -e {tree}",
+                      "git clone --depth 1 -b {ref} {plugin_repo} {plugin}",
+                      "python3 -m pip install -r {plugin}/requirements-dev.txt",
+                      "python3 -m pip install -e {plugin} pytest tblib")),
     container="swr.cn-southwest-2.myhuaweicloud.com/base_image/ascend-ci/cann:9.0.0-910b-ubuntu22.04-py3.11",
     # vLLM without a device (vllm-ascend's CI does the same), at the release's exact version: a
     # VLLM_VERSION_OVERRIDE keeps it from being 0.20.2+empty, which vllm_version_is("0.20.2") rejects.
@@ -126,6 +172,11 @@ NPU = Platform(
 )
 
 PLATFORMS: dict[str, Platform] = {p.name: p for p in (CPU, CUDA, NPU)}
+# The kinds of CI job, in the order kvforge matrix lists them: the patched wheel's build (on a cpu
+# runner), then one test job per platform. A new platform (rocm, tpu) is one entry in PLATFORMS.
+BUILD = JobKind(name="build", platform="cpu", recipe="build", timeout_minutes=60, emoji=":package:")
+JOB_KINDS: dict[str, JobKind] = {BUILD.name: BUILD, **{
+    p.name: JobKind(p.name, p.name, p.ci.recipe, p.ci.timeout_minutes, p.ci.emoji) for p in PLATFORMS.values()}}
 # What a runner for a platform kvforge cannot build needs (the text `kvforge test --platform` prints).
 HARDWARE: dict[str, str] = {p.name: p.hardware for p in PLATFORMS.values() if p.needs_python}
 
