@@ -3,23 +3,34 @@
 Default ~/.cache/kvforge (or $XDG_CACHE_HOME/kvforge); $KVFORGE_CACHE or --cache-dir override it.
 Everything here can be deleted at any time: user trees are standalone repositories outside it.
 
-Layout:
-  downloads/                 verified release archives (sdists), named as upstream names them
-  repos/<component>-<kind>.git  bare repositories holding imported bases (kind: sdist | git)
-  downloads/.<file>.<pid>.part, repos/.<repo>.<pid>.tmp|.old, repos/.<repo>.lock
-                             a download, an import, a corrupt repository being removed, the lock
-                             around materialising a base (bases; leftovers of dead pids are swept)
-  trees/.work/               kvforge's own worktrees (stacks for tests, verify and bench)
-  downloads/.<wheel>.verified  sha256 stamp of a verified release wheel (build)
-  builds/<target>/<component>/<digest>/  build reports and the verification's JUnit (build)
-  envs/                      test environments, keyed by a hash of their content
+Layout (each entry created by the module named; a leading dot: work in progress or a lock):
+  downloads/<file>           verified release archives (sdists) and pinned wheels, named as upstream names
+                             them (bases, build); .<file>.<pid>.part a download, .<wheel>.verified the
+                             sha256 stamp of a verified release wheel (build)
+  repos/<component>-<kind>.git  bare repositories holding imported bases (kind: sdist | git) (bases);
+                             .<repo>.<pid>.tmp|.old an import or a corrupt repository being removed,
+                             .<repo>.lock the lock around materialising a base (leftovers of dead pids swept)
+  trees/.work/<target>-<component>  kvforge's own worktree of a stack, for tests, verify and bench, with
+                             <target>-<component>.lock and <target>-<component>.<digest>.outcomes.json (trees)
+  trees/.work/rebase-<target>-<component>  the rebase worktree, kept between rebases (rebase)
+  trees/.requires/<target>-<component>/<commit>/  a required component's package exported for the
+                             components built on it; trees/.requires/<target>-<component>.lock (components)
+  rebase/<target>-<component>/  a rebase's state; rebase/.<target>-<component>.lock (rebase)
+  locks/tree-<key>.lock      the lock around `kvforge apply` into a user's tree (apply)
+  builds/<target>/<component>/<digest>/  build reports and the verification's JUnit (build);
+                             builds/.verify-<pid>/ a wheel's verification in progress
+  envs/<key>/                test environments keyed by a hash of their content, with <key>.build.log,
+                             overlay-<hash>/ (a user's interpreter's overlay, userenv), hf-<hash>/ (the
+                             offline Hugging Face cache, envcore) (env)
   results/                   evidence: JUnit XML, verify and bench JSON (kvforge.evidence)
 
 Ref namespaces written in a cached repository (each by one module only):
   refs/tags/<ref>                                   bases (bases)
   refs/kvforge/import                               a base import in progress (bases)
   refs/kvforge/stacks/<target>/<component>/<digest>/<n>   a series applied, tree after patch n (trees)
-  refs/kvforge/from/<target>/<component>/<n>       commits taken from a user's tree for --from (trees)
+  refs/kvforge/from/<target>/<component>/head       the user's commits taken for --from (trees)
+  refs/kvforge/rebase/<target>/<component>/old      the old series' last commit, copied into the new
+                                                    base's repository (rebase: REF_REBASE)
 """
 
 from __future__ import annotations
