@@ -43,7 +43,7 @@ from .fsutil import file_lock
 from .runner import tree_name
 from .series import read_series
 from .targets import STANDINS_DIR, Component, Target, load_all, load_target
-from .trees import open_stack, ref_prefix
+from .trees import open_stack, read_stack_refs, ref_prefix
 
 LOADER = STANDINS_DIR / "_loader"  # holds sitecustomize.py: on PYTHONPATH only when stand-ins are declared
 CPU_PLUGIN = "kvforge_cpu"  # kvforge's CPU platform plugin's entry point name (data/cpu-platform-plugin)
@@ -141,12 +141,10 @@ def _patched_commit(dep) -> tuple[str, str, Path]:
     in that worktree for an hour); only a stack that was never built is built (under the lock)."""
     series = dep.series()
     base = dep.base()
-    prefix = ref_prefix(dep.target.name, dep.component.name, series.digest)
-    out = gitutil.run(base.repo, "for-each-ref", "--format=%(refname) %(objectname)", prefix + "/", check=False).stdout
-    refs = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-    n = len(series.patches)
-    if refs.get(f"{prefix}/0") == base.commit and f"{prefix}/{n}" in refs:
-        return refs[f"{prefix}/{n}"], series.digest, base.repo
+    commits = read_stack_refs(base.repo, ref_prefix(dep.target.name, dep.component.name, series.digest),
+                              len(series.patches))
+    if commits and commits[0] == base.commit:
+        return commits[-1], series.digest, base.repo
     stack = open_stack(dep)
     return stack.commits[-1], stack.digest, base.repo
 

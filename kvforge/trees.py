@@ -101,7 +101,7 @@ def open_stack(ctx: Context) -> Stack:
     with stack.lock(ctx.progress):
         _ensure_worktree(base, stack.worktree)
         prefix = ref_prefix(ctx.target.name, ctx.component.name, series.digest)
-        commits = _read_refs(base.repo, prefix, len(series.patches))
+        commits = read_stack_refs(base.repo, prefix, len(series.patches))
         if commits and commits[0] == base.commit:
             stack.commits = commits
             return stack
@@ -214,7 +214,9 @@ def _ensure_worktree(base: Base, worktree: Path) -> None:
     add_worktree(base.repo, worktree, base.commit)
 
 
-def _read_refs(repo: Path, prefix: str, size: int) -> list[str] | None:
+def read_stack_refs(repo: Path, prefix: str, size: int) -> list[str] | None:
+    """The commits of a stack's refs <prefix>/0 .. <prefix>/<size> (base first), or None when one is
+    missing. Reads refs only: no worktree, no lock."""
     out = gitutil.run(repo, "for-each-ref", "--format=%(refname) %(objectname)", prefix + "/", check=False).stdout
     refs = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     commits = []
