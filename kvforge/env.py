@@ -43,7 +43,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from . import gitutil
 from . import platforms as platforms_mod
@@ -209,8 +209,10 @@ def _build(spec: EnvSpec, cache: Cache, final: Path, hf: Path, say: Progress, to
         reqs.write_text("\n".join(["torch", *spec.requirements, XGRAMMAR_FFI, *TEST_TOOLS]) + "\n", encoding="utf-8")
         run_logged([*pip, "-c", str(constraints), "-r", str(reqs)], log, "pip install (vLLM requirements)")
 
-        begin(f"installing {spec.xgrammar.split(';')[0].strip()} without its dependencies (they pull triton)")
-        run_logged([*pip, "--no-deps", spec.xgrammar], log, f"pip install --no-deps {spec.xgrammar}")
+        xgrammar = spec.xgrammar
+        assert xgrammar is not None, "env_spec always names xgrammar"
+        begin(f"installing {xgrammar.split(';')[0].strip()} without its dependencies (they pull triton)")
+        run_logged([*pip, "--no-deps", xgrammar], log, f"pip install --no-deps {xgrammar}")
 
         begin("installing kvforge's CPU platform plugin (vllm.platform_plugins; this environment only)")
         plugin = build_plugin_wheel(tmp)
@@ -231,8 +233,9 @@ def _build(spec: EnvSpec, cache: Cache, final: Path, hf: Path, say: Progress, to
         begin("finishing")
         (tmp / "vllm-cache").mkdir(exist_ok=True)
         seconds = time.monotonic() - start
-        info = {"key": spec.key, "spec": asdict(spec), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "seconds": round(seconds, 1), "torch_source": asdict(torch), "packages": dict(sorted(packages.items()))}
+        info: dict[str, Any] = {
+            "key": spec.key, "spec": asdict(spec), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(seconds, 1), "torch_source": asdict(torch), "packages": dict(sorted(packages.items()))}
         os.replace(tmp, final)  # `python -m` use of a venv survives the move: nothing below needs the old path
         (final / MARKER).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     except BaseException:
@@ -257,9 +260,9 @@ def target_env(ctx, rebuild: bool = False, base=None, platform: str = "cpu") -> 
     whose torch comes from ctx.torch_index or the other sources (torch_sources). The deprecated
     $KVFORGE_TEST_PYTHON uses an interpreter exactly as it is: no check, no overlay.
     """
-    comp = getattr(ctx, "component", None)
-    if getattr(comp, "requires", None):  # built on another component: its env, plus (cpu) its tree and stand-ins
-        env = target_env(ctx.for_component(comp.requires), rebuild, None, platform)
+    requires = getattr(getattr(ctx, "component", None), "requires", None)
+    if requires:  # built on another component: its env, plus (cpu) its tree and stand-ins
+        env = target_env(ctx.for_component(requires), rebuild, None, platform)
         if platform == "cpu":
             env.layer = layer(ctx)
             # The key names what the tests ran with: records keyed by it (baselines) follow the required tree.

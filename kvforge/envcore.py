@@ -148,8 +148,7 @@ def build_plugin_wheel(where: Path) -> Path:
     """Make the CPU platform plugin's wheel from the source shipped in kvforge/data."""
     src = DATA / "cpu-platform-plugin"
     meta = (src / "METADATA").read_text(encoding="utf-8")
-    name = re.search(r"^Name: (.+)$", meta, re.M).group(1).strip()
-    version = re.search(r"^Version: (.+)$", meta, re.M).group(1).strip()
+    name, version = (_metadata_field(meta, key, src) for key in ("Name", "Version"))
     dist = f"{name.replace('-', '_')}-{version}"
     files = {f"{dist}.dist-info/METADATA": meta.encode(),
              f"{dist}.dist-info/entry_points.txt": (src / "entry_points.txt").read_bytes(),
@@ -163,6 +162,14 @@ def build_plugin_wheel(where: Path) -> Path:
         for path, data in files.items():
             zf.writestr(zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0)), data)
     return wheel
+
+
+def _metadata_field(meta: str, key: str, src: Path) -> str:
+    m = re.search(rf"^{key}: (.+)$", meta, re.M)
+    if m is None:
+        raise KvforgeError(f"{src}/METADATA has no {key}: the CPU platform plugin shipped with kvforge is broken",
+                           EXIT_ENV)
+    return m.group(1).strip()
 
 
 def ensure_hf_home(cache: Cache) -> Path:

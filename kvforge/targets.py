@@ -205,18 +205,19 @@ def parse_target(path: Path, root: Path) -> Target:
             if key not in KEYS[kind]:
                 raise fail(f"{where} has an unknown key {key!r} (known: {', '.join(KEYS[kind])})")
 
-    def string(tbl: dict, key: str, where: str, required: bool = True, pattern=None, what: str = "") -> str | None:
+    def string(tbl: dict, key: str, where: str, pattern=None, what: str = "") -> str:
         name = f"{where}.{key}" if where else key
         if key not in tbl:
-            if required:
-                raise fail(f"{where or 'the target'} is missing '{key}'")
-            return None
+            raise fail(f"{where or 'the target'} is missing '{key}'")
         value = tbl[key]
         if not isinstance(value, str):
             raise fail(f"{name} must be a string{(' (' + what + ')') if what else ''}, not {_toml_type(value)}")
         if pattern is not None and not pattern(value):
             raise fail(f"{name} {value!r} must be {what}")
         return value
+
+    def optional(tbl: dict, key: str, where: str, pattern=None, what: str = "") -> str | None:
+        return string(tbl, key, where, pattern, what) if key in tbl else None
 
     def strings(tbl: dict, key: str, where: str) -> list[str]:
         if key not in tbl:
@@ -231,11 +232,11 @@ def parse_target(path: Path, root: Path) -> Target:
     name = string(data, "name", "")
     if name != path.stem:
         raise fail(f"name {name!r} must match the file name {path.stem!r}")
-    description = string(data, "description", "", required=False) or ""
+    description = optional(data, "description", "") or ""
     comps = data.get("components")
     if not isinstance(comps, list) or not comps:
         raise fail("components must be a list of [[components]] tables (at least one)")
-    components = []
+    components: list[Component] = []
     seen: set[str] = set()
     for i, c in enumerate(comps):
         where = f"components[{i}]"
@@ -280,7 +281,7 @@ def parse_target(path: Path, root: Path) -> Target:
             raise fail(f"{where}.tests.standins must be a list of Python module names (e.g. \"torch_npu\")")
         if len(set(standins)) != len(standins):
             raise fail(f"{where}.tests.standins lists a module twice")
-        requires = string(c, "requires", where, required=False, pattern=SLUG_RE.match, what="a component name")
+        requires = optional(c, "requires", where, pattern=SLUG_RE.match, what="a component name")
         if requires is not None and requires not in seen - {cname}:
             raise fail(f"{where}.requires {requires!r} must name an earlier component of this target "
                        f"(earlier: {', '.join(sorted(seen - {cname})) or 'none'})")

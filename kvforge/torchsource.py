@@ -157,8 +157,8 @@ def _install_from(src: TorchSource, py: Path, version: str, log: Path, say: Prog
         report = _pip_torch(py, ["--index-url", url, "--require-hashes", "-r", str(reqs)], log)
         reqs.unlink(missing_ok=True)
         info = (report.get("install") or [{}])[0].get("download_info", {})
-        digest = (info.get("archive_info", {}).get("hashes") or {}).get("sha256")
-        return _accept_torch(py, version, src, info.get("url", url), digest,
+        index_digest = (info.get("archive_info", {}).get("hashes") or {}).get("sha256")
+        return _accept_torch(py, version, src, info.get("url", url), index_digest,
                              "pip checked it against the sha256 the index's link gives")
     dirs = pip_find_links(py)
     if not dirs:
@@ -387,6 +387,7 @@ def _accept_torch(py: Path, version: str, src: TorchSource, file: str, digest: s
         subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torch"], capture_output=True,
                        env=pip_clean_env())
         raise SourceFailed(problem)
+    assert dist is not None  # else problem is set
     return TorchInstall(source=src.label, kind=src.kind, version=dist.version, file=file, sha256=digest,
                         checked=checked)
 
