@@ -53,13 +53,11 @@ Verification (every build, before the wheel gets its name in --out; a failing wh
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shlex
 import shutil
 import subprocess
-import tarfile
 import threading
 import time
 import tomllib
@@ -782,10 +780,7 @@ def check_modules(stack, site: Path, changes: list[Change], rev: dict) -> dict:
 def _extract(repo: Path, commit: str, paths: list[str], dest: Path) -> None:
     present = [p for p in paths if gitutil.run(repo.parent, "cat-file", "-e", f"{commit}:{p}", check=False,
                                              env={"GIT_DIR": str(repo)}).returncode == 0]
-    data = gitutil.run(repo.parent, "archive", "--format=tar", commit, "--", *present, binary=True,
-                       env={"GIT_DIR": str(repo)}).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
+    gitutil.export(repo.parent, commit, dest, present, env={"GIT_DIR": str(repo)})
 
 
 def _probe(senv: SiteEnv, cwd: Path) -> dict:

@@ -68,14 +68,12 @@ class GitSource(Source):
     """A commit of a repository (bare or not), read with one `git archive` of `prefixes`: no worktree is touched."""
 
     def __init__(self, repo: Path, commit: str, prefixes: tuple[str, ...] = ("tests/",)):
-        import io
-
-        data = gitutil.run(repo, "archive", "--format=tar", commit, "--", *prefixes, binary=True).stdout
         self._files: dict[str, str] = {}
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        with gitutil.archive(repo, commit, prefixes) as tar:
             for m in tar:
-                if m.isfile() and m.name.endswith(".py"):
-                    self._files[m.name] = tar.extractfile(m).read().decode("utf-8", errors="replace")
+                fh = tar.extractfile(m) if m.isfile() and m.name.endswith(".py") else None
+                if fh is not None:
+                    self._files[m.name] = fh.read().decode("utf-8", errors="replace")
 
     def paths(self) -> list[str]:
         return sorted(self._files)

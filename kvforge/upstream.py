@@ -295,7 +295,7 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
             env.check()
         except KvforgeError as exc:
             return Signal("checks", None, False, f"no test environment for the new base: {exc}")
-        _export_tree(nb, tree)
+        gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
         refused = _add_test_files(patch, tree)
         nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
         outcomes: dict[str, tuple[str, str]] = {c: ("error", "collection error: its test file does not apply "
@@ -312,14 +312,6 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
         for leftover in scratch.glob(f"{tree.name}.*"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-
-
-def _export_tree(nb: NewBase, dest: Path) -> None:
-    """nb.commit's files into `dest` (a temporary index; the repository's own index is untouched)."""
-    with tempfile.TemporaryDirectory(prefix="kvforge-index-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(dest)}  # works for bare repos too
-        _git(nb.repo, "read-tree", nb.commit, check=True, env=env)
-        _git(nb.repo, "checkout-index", "-a", "-f", check=True, env=env)
 
 
 def _add_test_files(patch, tree: Path) -> set[str]:

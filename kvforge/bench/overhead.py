@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import statistics
 import subprocess
-import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -349,14 +347,6 @@ def run_case(procs: dict[str, "TreeProcess"], case: dict, scale: float, seed: in
     return out
 
 
-def export_tree(repo: Path, commit: str, dest: Path) -> None:
-    """The commit's `vllm/` directory (all the replay imports) written under dest."""
-    data = gitutil.run(repo, "archive", "--format=tar", commit, "vllm", binary=True).stdout
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
-
-
 # ---------------------------------------------------------------- the bench
 
 @dataclass
@@ -461,7 +451,7 @@ def bench_scheduler_overhead(ctx, topologies: str = "dsv4,gemma4", kinds: str = 
     try:
         for st in STATES:
             say(f"exporting the {st} tree ({result.commits[st][:12]})")
-            export_tree(stack.base.repo, result.commits[st], export / st)
+            gitutil.export(stack.base.repo, result.commits[st], export / st, ["vllm"])
         environ = env.environ()
         for st in STATES:
             procs[st] = TreeProcess(st, env.python, environ, export / st, outdir / f"{st}.log", say)
