@@ -236,16 +236,6 @@ def series_touched(series) -> list[str]:
     return sorted({path for p in series.patches for path in p.touched_paths})
 
 
-def added_by_series(series) -> set[str]:
-    """Test files the series creates (its own Checks files): not part of the base's selection."""
-    out = set()
-    for p in series.patches:
-        for f in p.files:
-            if f.is_added_file:
-                out.add(f.path)
-    return out
-
-
 # ---------------------------------------------------------------- trying modules on CPU
 
 @dataclass
