@@ -36,15 +36,18 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
+
+from packaging.version import InvalidVersion, Version
 
 from . import gitutil
+from .bases import Base
+from .env import target_env
 from .errors import KvforgeError
 from .fsutil import remove_stale
-
-if TYPE_CHECKING:
-    from .bases import Base
-    from .series import Patch
+from .series import Patch
+from .testrun import run_pytest
+from .verify import fail_kind
 
 NAMES = ("reverse-apply", "patch-id", "upstream-commit", "drop-when", "checks")
 VERDICTS = ("upstream", "carried", "disagree")
@@ -190,8 +193,6 @@ def evaluate_drop_when(expr: str, nb: NewBase) -> Signal:
     """A patch's `Drop-When` against the new base: `version >= X` (the base's release version),
     `base-contains C` (history, or the base's own recorded upstream commit), `upstream-pr-merged URL`
     (needs the network: None), `never` (no condition: None)."""
-    from packaging.version import InvalidVersion, Version
-
     expr = (expr or "").strip()
     m = _VERSION.match(expr)
     if m:
@@ -235,8 +236,6 @@ API_DRIFT = re.compile(
 
 def failure_kind(outcome: str, message: str) -> str | None:
     """passed -> None; behaviour (evidence about the fix) | api (cannot run here) | absent."""
-    from .verify import fail_kind
-
     kind = fail_kind(outcome, message)
     if kind is None:
         return None
@@ -279,9 +278,6 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
     the new base (kvforge.env.target_env, built on first use), from a temporary tree
     <cache>/trees/.work/.upstream-checks.<pid>.* that is removed afterwards (or by the next run
     once that pid is gone)."""
-    from .env import target_env
-    from .testrun import run_pytest
-
     if not patch.checks:
         return Signal("checks", None, False, "the patch has no Checks")
     scratch = ctx_like.cache.trees / ".work"
