@@ -184,7 +184,7 @@ def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
     return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
 
 
-class _Hasher(threading.Thread):
+class Hasher(threading.Thread):
     """sha256 of the cached release wheel, in a thread (hashlib releases the GIL) while the overlay copies it.
 
     A file whose sha256 matched is stamped (downloads/.<file>.verified: size, inode, mtime and ctime
@@ -230,7 +230,7 @@ class _Hasher(threading.Thread):
 
 # ---------------------------------------------------------------- what the series changes
 
-def _blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
+def read_blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
     """`git cat-file --batch` for rev:path specs -> their bytes (None when missing)."""
     if not specs:
         return {}
@@ -459,12 +459,12 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
 
     rev = {"base": stack.base.commit, "patched": patched}
     upstream = wheel or download_wheel(comp, ctx.cache, say)
-    hasher = _Hasher(upstream) if wheel is None else None
+    hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
     try:
         members = read_members(upstream)
-        pyproject = _blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
+        pyproject = read_blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
             if any(c.path == "pyproject.toml" for c in changes) else {}
         classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"))
         refused = [c for c in changes if c.action == "refused"]
@@ -483,7 +483,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
             built = Path(wheel)
             result.seconds["prepare"] = round(time.monotonic() - t0, 3)
         else:
-            built, info = _write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
+            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
             result.seconds.update(info)
     finally:
         if hasher:
@@ -529,13 +529,13 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     return result
 
 
-def _write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
-                   members=None) -> tuple[Path, dict]:
+def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
+                  members=None) -> tuple[Path, dict]:
     t = time.monotonic()
     touched = [c for c in changes if c.action in ("replace", "remove", "add")]
     specs = [f"{rev['base']}:{c.path}" for c in touched if c.action != "add"] + \
             [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"]
-    blobs = _blobs(stack.base.repo, specs)
+    blobs = read_blobs(stack.base.repo, specs)
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     for c in touched:
@@ -763,7 +763,7 @@ def check_record(wheel: Path, site: Path) -> dict:
 
 def check_modules(stack, site: Path, changes: list[Change], rev: dict) -> dict:
     touched = [c for c in changes if c.action in ("replace", "add", "remove")]
-    blobs = _blobs(stack.base.repo, [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"])
+    blobs = read_blobs(stack.base.repo, [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"])
     problems, equal = [], []
     for c in touched:
         f = site / c.path
