@@ -75,7 +75,10 @@ def forward_series(repo: Path, old: str, new: str, out: Path) -> list[Path]:
 
 
 def make_project(root: Path, name: str, patches: list[Path]) -> None:
+    """A project with target `name`: v0.20.2rc's vllm component (its first; vllm-ascend is left out)
+    with `patches` as its series."""
     src = (ROOT / "targets" / "v0.20.2rc.toml").read_text()
+    src = "[[components]]".join(src.split("[[components]]")[:2])
     (root / "targets").mkdir(parents=True, exist_ok=True)
     (root / "targets" / f"{name}.toml").write_text(
         src.replace('name = "v0.20.2rc"', f'name = "{name}"').replace("patches/v0.20.2rc", f"patches/{name}"))
@@ -103,8 +106,10 @@ def forget_stacks(repo: Path) -> None:
 def time_kvforge(project: Path, cache: Path, name: str, dest: Path, branch: str) -> float:
     env = {**os.environ, "KVFORGE_ROOT": str(project), "KVFORGE_CACHE": str(cache), "KVFORGE_OFFLINE": "1"}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "kvforge.cli", "apply", "-t", name, "--into", str(dest), "--branch", branch],
-                   check=True, capture_output=True, env=env)
+    res = subprocess.run([sys.executable, "-m", "kvforge.cli", "apply", "-t", name, "--component", "vllm", "--into",
+                          str(dest), "--branch", branch], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise SystemExit(f"kvforge apply -t {name} failed (exit {res.returncode}): {res.stderr.strip()}")
     return time.perf_counter() - start
 
 

@@ -20,6 +20,7 @@ times; `kvforge build` prints it separately ("verify"), and --with-verify runs o
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -53,7 +54,7 @@ def overlay_like_build(ctx, out: Path) -> tuple[Path, dict]:
     stack = open_stack(ctx)
     patched = stack.commits[-1]
     upstream = kbuild.download_wheel(comp, ctx.cache, ctx.say)
-    hasher = kbuild._Hasher(upstream)
+    hasher = kbuild.Hasher(upstream)
     hasher.start()
     changes = kbuild.diff_paths(stack.base.repo, stack.base.commit, patched)
     members = read_members(upstream)
@@ -61,8 +62,8 @@ def overlay_like_build(ctx, out: Path) -> tuple[Path, dict]:
     res = kbuild.BuildResult(ctx.target.name, comp.name, "overlay", comp.release.version)
     res.build_tag = kbuild.build_tag_for(comp.wheel.filename, stack.digest)
     res.filename = kbuild.output_filename(comp.wheel.filename, res.build_tag)
-    built, secs = kbuild._write_overlay(ctx, stack, upstream, out, changes,
-                                        {"base": stack.base.commit, "patched": patched}, res, members)
+    built, secs = kbuild.write_overlay(ctx, stack, upstream, out, changes,
+                                       {"base": stack.base.commit, "patched": patched}, res, members)
     hasher.join()
     assert hasher.digest == comp.wheel.sha256, "the cached release wheel does not match its pin"
     hasher.record()
@@ -99,14 +100,10 @@ def main() -> int:
             shutil.rmtree(out)
         rows["kvforge overlay (writing the wheel)"] = overlay_only
         rows["kvforge build, prepare + overlay"] = full
-        import importlib.util
-
         have_wheel = importlib.util.find_spec("wheel") is not None
         if have_wheel:
             stack = open_stack(ctx)
-            from kvforge.build import _blobs
-
-            blobs = _blobs(stack.base.repo, [f"{stack.commits[-1]}:{p}" for p in replaced])
+            blobs = kbuild.read_blobs(stack.base.repo, [f"{stack.commits[-1]}:{p}" for p in replaced])
 
             def unpack_pack(i: int) -> None:
                 d = tmp / f"wp{i}"

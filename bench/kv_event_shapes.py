@@ -35,7 +35,8 @@ against the request's true block hashes (stored blocks only):
   link). On a positional wire format it is told the field's position.
 
 Usage (from anywhere; the tree must be a patched vLLM tree, e.g. `kvforge apply -t v0.20.2rc
---into DIR`, run with that target's environment, `kvforge env -t v0.20.2rc`):
+--component vllm --into DIR`, run with that target's environment, `kvforge env -t v0.20.2rc`;
+`--models dsv4` is the smallest run, ~30 s, as tests/test_bench_scripts.py runs it):
 
     HF_HOME=HF HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu PY bench/kv_event_shapes.py --tree DIR
 

@@ -17,6 +17,7 @@ the cache repository for a user's tree.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +31,8 @@ from . import gitutil
 from .context import Context, base_tag_name
 from .engine import ApplyFailure, PatchOutcome, am_series
 from .errors import EXIT_USAGE, KvforgeError
-from .fsutil import crashpoint, file_lock, pid_alive
+from .fsutil import crashpoint, file_lock, remove_stale
+from .trees import Stack, open_stack, outcome_file, ref_prefix
 
 BASE_TAG = "refs/tags/{tag}"  # kvforge/base/<target>[-<component>] (context.base_tag_name)
 
@@ -84,8 +86,6 @@ def apply_components(ctx: Context, component: str | None, into: Path | None = No
         raise KvforgeError(f"{' and '.join(given)} name{'s' if len(given) == 1 else ''} one tree, and target "
                            f"{ctx.target.name} has {len(names)} components ({', '.join(names)}): add --component "
                            f"NAME, or drop {given[0]} to apply each into ./<component>-{ctx.target.name}", EXIT_USAGE)
-    from .trees import open_stack
-
     ctxs = [ctx if c.name == ctx.component.name else ctx.for_component(c.name) for c in ctx.target.components]
     for c in ctxs:
         c.series()
@@ -126,8 +126,6 @@ def apply_target(ctx: Context, into: Path | None = None, repo_dir: Path | None =
                 raise KvforgeError(f"{dest} exists, is not empty and is not a git repository; choose another --into",
                                    EXIT_USAGE)
         have = gitutil.rev_parse(dest, f"refs/heads/{branch}") if existing else None
-        from .trees import open_stack
-
         ctx.say(f"applying {len(series.patches)} patches to {base.ref} ({base.commit[:12]})")
         try:
             stack = open_stack(ctx)
@@ -154,9 +152,7 @@ def apply_target(ctx: Context, into: Path | None = None, repo_dir: Path | None =
     return result
 
 
-def stack_ref(ctx: Context, stack) -> str:
-    from .trees import ref_prefix
-
+def stack_ref(ctx: Context, stack: Stack) -> str:
     return f"{ref_prefix(ctx.target.name, ctx.component.name, stack.digest)}/{stack.size}"
 
 
@@ -180,11 +176,8 @@ def _sweep_stale(dest: Path) -> None:
     """Remove `.DIR.kvforge-PID` directories whose process is dead (a killed apply)."""
     if not dest.parent.is_dir():
         return
-    pattern = re.compile(rf"^\.{re.escape(dest.name)}\.kvforge-(\d+)$")
-    for p in dest.parent.iterdir():
-        m = pattern.match(p.name)
-        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
-            shutil.rmtree(p, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        remove_stale(dest.parent, rf"^\.{re.escape(dest.name)}\.kvforge-(?P<pid>\d+)$")
 
 
 def _tmp_for(dest: Path) -> Path:
@@ -267,11 +260,9 @@ def _refusal(ctx: Context, dest: Path, branch: str, have: str, base: str) -> str
             f"adds a fresh {branch}; or apply --into another directory")
 
 
-def _outcomes(ctx: Context, stack) -> list[PatchOutcome]:
+def _outcomes(ctx: Context, stack: Stack) -> list[PatchOutcome]:
     """Per-patch outcomes from the stack: what git am reported when it was built (kept beside it)."""
     saved = {}
-    from .trees import outcome_file
-
     note = outcome_file(ctx, stack.digest)
     if note.is_file():
         try:

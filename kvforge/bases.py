@@ -46,16 +46,18 @@ import shutil
 import signal
 import tarfile
 import time
+import urllib.parse
+import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from . import gitutil
 from .cache import REF_IMPORT, Cache, write_error
 from .errors import EXIT_ENV, EXIT_NETWORK, KvforgeError
 from .fsutil import crashpoint, file_lock, remove_stale, sha256_file
-from .targets import Component
+from .targets import Component, Release
 
 IMPORT_IDENT = "kvforge-import <kvforge@users.noreply.github.com>"
 IMPORT_DATE = "946684800 +0000"  # 2000-01-01T00:00:00Z: fixed, so the commit id depends on content only
@@ -211,6 +213,7 @@ def _materialise(component: Component, cache: Cache, kind: str, say: Progress, u
             _discard(path, why)
         if kind == "sdist":
             return _from_sdist(component, cache, path, say)
+        assert url is not None, "a git base is fetched from a url (_ensure passes one)"
         return _from_git(component, cache, path, url, say)
 
 
@@ -362,15 +365,24 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
         if not rel.sha256 or sha256_file(dest) == rel.sha256:
             return dest
         say(f"{dest} does not match the pinned sha256; downloading it again")
-    import urllib.parse
-
     url, expected, size = _sdist_url(rel)
     if rel.sha256 and expected and rel.sha256 != expected:
         raise KvforgeError(f"{rel.filename}: the index says sha256 {expected}, the target pins {rel.sha256}",
                            EXIT_NETWORK)
-    want = rel.sha256 or expected
-    tmp = downloads / f".{rel.filename}.{os.getpid()}.part"
-    say(f"downloading {rel.filename} ({size / 1e6:.1f} MB) from {urllib.parse.urlsplit(url).netloc}")
+    return download_pinned(url, dest, size, rel.sha256 or expected, say)
+
+
+def download_pinned(url: str, dest: Path, size: int, want: str | None, say: Progress, *, mb_digits: int = 1,
+                    pinned: str = "") -> Path:
+    """Download `url` to `dest` (in the cache's downloads/) for the release archives (sdists, here) and
+    wheels (build): written as .<name>.<pid>.part beside it (removed by remove_stale once that pid is
+    dead), checked against `size` (when known) and the sha256 `want` (when given), then renamed, so
+    only a complete, verified file ever has its final name. Network failures are EXIT_NETWORK, a
+    write the cache refuses EXIT_ENV. `mb_digits` and `pinned` only word the progress line and the
+    mismatch error."""
+    downloads = dest.parent
+    tmp = downloads / f".{dest.name}.{os.getpid()}.part"
+    say(f"downloading {dest.name} ({size / 1e6:.{mb_digits}f} MB) from {urllib.parse.urlsplit(url).netloc}")
     try:
         with _writing(downloads):
             out = open(tmp, "wb")
@@ -380,9 +392,9 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
                 out.flush()
                 os.fsync(out.fileno())
         if size and got != size:
-            raise KvforgeError(f"{rel.filename}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
+            raise KvforgeError(f"{dest.name}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
         if want and digest != want:
-            raise KvforgeError(f"{rel.filename}: sha256 {digest} does not match {want}", EXIT_NETWORK)
+            raise KvforgeError(f"{dest.name}: sha256 {digest} does not match {pinned}{want}", EXIT_NETWORK)
         crashpoint("download:written")
         with _writing(downloads):
             os.replace(tmp, dest)
@@ -395,10 +407,8 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
     return dest
 
 
-def _receive(url: str, out, size: int, say: Progress, downloads: Path) -> tuple[int, str]:
+def _receive(url: str, out: BinaryIO, size: int, say: Progress, downloads: Path) -> tuple[int, str]:
     """Copy `url` into `out`: network failures are EXIT_NETWORK, a refused write is the cache's (EXIT_ENV)."""
-    import urllib.request
-
     h = hashlib.sha256()
     got = 0
     last = time.monotonic()
@@ -427,8 +437,6 @@ def _receive(url: str, out, size: int, say: Progress, downloads: Path) -> tuple[
 def release_files(package: str, version: str) -> tuple[str, list[dict]]:
     """PyPI's JSON for one release: (the index URL read, the release's file entries; [] if none).
     The one reader of the package index: sdists (here), wheels (build) and new bases (rebase)."""
-    import urllib.request
-
     index = f"{pypi_url()}/pypi/{package}/json"
     try:
         with urllib.request.urlopen(index, timeout=60) as resp:
@@ -440,17 +448,16 @@ def release_files(package: str, version: str) -> tuple[str, list[dict]]:
     return index, [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
 
 
-def _sdist_url(rel) -> tuple[str, str | None, int]:
-    import urllib.parse
-
+def _sdist_url(rel: Release) -> tuple[str, str | None, int]:
     index, files = release_files(rel.package, rel.version)
     for f in files:
         if f.get("packagetype") == "sdist" and f.get("filename") == rel.filename \
                 and isinstance(f.get("url"), str):
-            digests = f.get("digests") if isinstance(f.get("digests"), dict) else {}
-            sha = digests.get("sha256") if isinstance(digests.get("sha256"), str) else None
-            size = f.get("size") if isinstance(f.get("size"), int) else 0
-            return urllib.parse.urljoin(index, f["url"]), sha, size
+            digests = f.get("digests")
+            sha = digests.get("sha256") if isinstance(digests, dict) else None
+            size = f.get("size")
+            return urllib.parse.urljoin(index, f["url"]), sha if isinstance(sha, str) else None, \
+                size if isinstance(size, int) else 0
     raise KvforgeError(f"{index}: no sdist {rel.filename} for {rel.package}=={rel.version}", EXIT_NETWORK)
 
 
@@ -480,21 +487,23 @@ def import_archive(repo: Path, archive: Path, component: Component, digest: str)
         # unpackLimit=0: always one pack (never loose objects), so an import moves in as whole files.
         proc = gitutil.popen(repo.parent, "-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", "--done",
                              "--force", env={"GIT_DIR": str(repo)})
+        stdin, stderr = proc.stdin, proc.stderr
+        assert stdin is not None and stderr is not None, "gitutil.popen pipes both"
         try:
             try:
-                _stream(tar, entries, proc.stdin.write, message)
-                proc.stdin.close()
+                _stream(tar, entries, stdin.write, message)
+                stdin.close()
             except BrokenPipeError:
                 pass  # fast-import stopped reading: its status and stderr say why
             except (tarfile.TarError, EOFError, zlib.error) as exc:
                 raise KvforgeError(f"{archive}: not a readable release archive: {exc}", EXIT_NETWORK) from None
-            err = proc.stderr.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
             code = proc.wait()
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            for pipe in (proc.stdin, proc.stderr):
+            for pipe in (stdin, stderr):
                 with contextlib.suppress(OSError):
                     pipe.close()
     if code != 0:

@@ -58,16 +58,25 @@ import os
 import shlex
 import shutil
 import subprocess
-import tarfile
 import threading
 import time
 import tomllib
-from dataclasses import dataclass, field
+import urllib.parse
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
+
 from . import gitutil
+from .bases import STALE_DOWNLOAD, Progress, download_pinned, release_files
+from .cache import Cache
+from .env import Env, target_env
 from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from .fsutil import remove_stale, sha256_file
+from .fsutil import atomic_write_text, remove_stale, sha256_file
+from .platforms import require_available
+from .targets import Component
+from .testrun import run_properties, run_pytest, unique
+from .trees import open_stack, resolve_from
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
                     read_members, record_hash, wheel_sort_key)
 
@@ -152,19 +161,16 @@ class BuildRefused(KvforgeError):
 
 # ---------------------------------------------------------------- the upstream wheel
 
-def download_wheel(component, cache, say) -> Path:
+def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
     """The pinned release wheel in <cache>/downloads; only a complete file with the pinned sha256 gets its name."""
-    from .bases import STALE_DOWNLOAD, _receive, release_files  # the sdists' download path, for the wheel
-
     pin = component.wheel
+    assert pin is not None, "build_target refuses a component without a wheel pin"
     downloads = cache.downloads
     with contextlib.suppress(OSError):
         remove_stale(downloads, STALE_DOWNLOAD)
     dest = downloads / pin.filename
     if dest.is_file():
         return dest  # its sha256 is checked while the overlay reads it (check_download)
-    import urllib.parse
-
     index, files = release_files(component.release.package, component.release.version)
     entry = next((f for f in files if f.get("filename") == pin.filename and isinstance(f.get("url"), str)), None)
     if entry is None:
@@ -175,30 +181,10 @@ def download_wheel(component, cache, say) -> Path:
         raise KvforgeError(f"{pin.filename}: the index says sha256 {listed}, the target pins {pin.sha256}",
                            EXIT_NETWORK)
     url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
-    tmp = downloads / f".{pin.filename}.{os.getpid()}.part"
-    say(f"downloading {pin.filename} ({size / 1e6:.0f} MB) from {urllib.parse.urlsplit(url).netloc}")
-    try:
-        with open(tmp, "wb") as out:
-            got, digest = _receive(url, out, size, say, downloads)
-            out.flush()
-            os.fsync(out.fileno())
-        if size and got != size:
-            raise KvforgeError(f"{pin.filename}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
-        if digest != pin.sha256:
-            raise KvforgeError(f"{pin.filename}: sha256 {digest} does not match the pinned {pin.sha256}",
-                               EXIT_NETWORK)
-        os.replace(tmp, dest)
-    except OSError as exc:
-        from .cache import write_error
-
-        raise write_error(downloads, exc) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-    return dest
+    return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
 
 
-class _Hasher(threading.Thread):
+class Hasher(threading.Thread):
     """sha256 of the cached release wheel, in a thread (hashlib releases the GIL) while the overlay copies it.
 
     A file whose sha256 matched is stamped (downloads/.<file>.verified: size, inode, mtime and ctime
@@ -210,7 +196,9 @@ class _Hasher(threading.Thread):
 
     def __init__(self, path: Path):
         super().__init__(daemon=True)
-        self.path, self.digest, self.error, self.stamped = path, "", None, False
+        self.path, self.digest, self.stamped = path, "", False
+        self.error: OSError | None = None
+        self.key: list[int] = []
 
     def _stat_key(self) -> list[int]:
         st = self.path.stat()
@@ -221,8 +209,6 @@ class _Hasher(threading.Thread):
         return self.path.with_name(f".{self.path.name}.verified")
 
     def run(self) -> None:
-        import hashlib
-
         try:
             key = self._stat_key()
             with contextlib.suppress(OSError, ValueError, KeyError):
@@ -230,11 +216,7 @@ class _Hasher(threading.Thread):
                 if doc["stat"] == key:
                     self.digest, self.stamped = doc["sha256"], True
                     return
-            h = hashlib.sha256()
-            with open(self.path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(chunk)
-            self.digest = h.hexdigest()
+            self.digest = sha256_file(self.path)
             self.key = key
         except OSError as exc:
             self.error = exc
@@ -242,15 +224,13 @@ class _Hasher(threading.Thread):
     def record(self) -> None:
         """Stamp the file as verified (call once its sha256 matched the pin)."""
         if not self.stamped and not self.error:
-            from .fsutil import atomic_write_text
-
             with contextlib.suppress(OSError):
                 atomic_write_text(self.stamp, json.dumps({"stat": self.key, "sha256": self.digest}) + "\n")
 
 
 # ---------------------------------------------------------------- what the series changes
 
-def _blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
+def read_blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
     """`git cat-file --batch` for rev:path specs -> their bytes (None when missing)."""
     if not specs:
         return {}
@@ -323,8 +303,6 @@ def source_command(ctx, wheel_path: str, out: Path, compile_needed: bool) -> str
     t = ctx.target.name
     rel = ctx.component.release
     if ctx.from_rev:
-        from .trees import resolve_from
-
         repo, commit = resolve_from(ctx.from_rev)
         get_tree = f"cd {shlex.quote(str(repo))} && git checkout --detach {commit[:12]}"
     else:
@@ -340,8 +318,6 @@ def source_command(ctx, wheel_path: str, out: Path, compile_needed: bool) -> str
 # ---------------------------------------------------------------- the overlay
 
 def build_tag_for(upstream_filename: str, digest: str) -> str:
-    from packaging.utils import parse_wheel_filename
-
     _n, _v, build, _t = parse_wheel_filename(upstream_filename)
     number = build[0] if build else 0
     return f"{number + 1}_kvforge_{digest}"
@@ -447,8 +423,6 @@ def builds_dir(ctx, digest: str) -> Path:
 def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", platform: str = "cpu",
                  wheel: Path | None = None, shard: tuple[int, int] = (1, 1)) -> BuildResult:
     """Build (or, with `wheel`, only verify) the target's patched wheel; see the module docstring."""
-    from .trees import open_stack
-
     comp, say = ctx.component, ctx.progress
     t0 = time.monotonic()
     result = BuildResult(ctx.target.name, comp.name, mode, comp.release.version)
@@ -459,8 +433,6 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         raise KvforgeError(f"--platform {platform}: pass --python PATH, the interpreter set up on a {platform} runner",
                            EXIT_USAGE)
     if platform != "cpu":
-        from .platforms import require_available
-
         require_available(platform, ctx.python)  # exit 7 (not run) where the hardware is missing
     result.upstream = {"filename": comp.wheel.filename, "sha256": comp.wheel.sha256}
     stack = open_stack(ctx)
@@ -487,12 +459,12 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
 
     rev = {"base": stack.base.commit, "patched": patched}
     upstream = wheel or download_wheel(comp, ctx.cache, say)
-    hasher = _Hasher(upstream) if wheel is None else None
+    hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
     try:
         members = read_members(upstream)
-        pyproject = _blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
+        pyproject = read_blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
             if any(c.path == "pyproject.toml" for c in changes) else {}
         classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"))
         refused = [c for c in changes if c.action == "refused"]
@@ -511,7 +483,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
             built = Path(wheel)
             result.seconds["prepare"] = round(time.monotonic() - t0, 3)
         else:
-            built, info = _write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
+            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
             result.seconds.update(info)
     finally:
         if hasher:
@@ -557,13 +529,13 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     return result
 
 
-def _write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
-                   members=None) -> tuple[Path, dict]:
+def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
+                  members=None) -> tuple[Path, dict]:
     t = time.monotonic()
     touched = [c for c in changes if c.action in ("replace", "remove", "add")]
     specs = [f"{rev['base']}:{c.path}" for c in touched if c.action != "add"] + \
             [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"]
-    blobs = _blobs(stack.base.repo, specs)
+    blobs = read_blobs(stack.base.repo, specs)
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     for c in touched:
@@ -573,8 +545,14 @@ def _write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change],
             raise KvforgeError(f"{upstream.name}: its {c.path} differs from the base's ({stack.base.ref}, "
                                f"{stack.base.commit[:12]}): this wheel was not built from this base; pin the "
                                "wheel of the same release", EXIT_USAGE)
-    replace = {c.path: blobs[f"{rev['patched']}:{c.path}"] for c in touched if c.action == "replace"}
-    add = {c.path: blobs[f"{rev['patched']}:{c.path}"] for c in touched if c.action == "add"}
+
+    def patched(path: str) -> bytes:
+        data = blobs[f"{rev['patched']}:{path}"]
+        assert data is not None, f"{path}: git diff lists it as in the patched tree"
+        return data
+
+    replace = {c.path: patched(c.path) for c in touched if c.action == "replace"}
+    add = {c.path: patched(c.path) for c in touched if c.action == "add"}
     remove = {c.path for c in touched if c.action == "remove"}
     identity = _identity(ctx, stack, ctx.component.wheel, changes, result.build_tag)
     try:
@@ -642,15 +620,19 @@ def pytest_sessionfinish(session, exitstatus):
 '''
 
 
-class SiteEnv:
+@dataclass
+class SiteEnv(Env):
     """An Env whose runs import vllm from `site` (the installed wheel) and load the origin plugin."""
 
-    def __init__(self, env, site: Path, extra: dict[str, str]):
-        self.env, self.site, self.extra = env, site, extra
-        self.python = env.python
+    site: Path = Path()
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, env: Env, site: Path, extra: dict[str, str]) -> SiteEnv:
+        return cls(**{f.name: getattr(env, f.name) for f in fields(Env)}, site=site, extra=extra)
 
     def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        e = self.env.environ({**self.extra, **(extra or {})})
+        e = super().environ({**self.extra, **(extra or {})})
         e["PYTHONPATH"] = os.pathsep.join([str(self.site), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         e["PYTEST_ADDOPTS"] = "-p kvforge_vllm_origin"
         return e
@@ -663,9 +645,6 @@ def _shard(items: list[str], shard: tuple[int, int]) -> list[str]:
 
 def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, tests: str, platform: str,
                  shard: tuple[int, int] = (1, 1)) -> Verification:
-    from .env import target_env
-    from .testrun import run_pytest, run_properties, unique
-
     say = ctx.progress
     v = Verification(platform=platform)
     env = target_env(ctx, base=stack.base, platform=platform)
@@ -701,7 +680,7 @@ def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, test
         _extract(stack.base.repo, rev["patched"], ["tests", "pyproject.toml"], troot)
         (troot / "kvforge_vllm_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
         origin = work / "vllm-origin.json"
-        senv = SiteEnv(env, site, {"KVFORGE_RELEASE": ctx.component.release.version,
+        senv = SiteEnv.of(env, site, {"KVFORGE_RELEASE": ctx.component.release.version,
                                    "KVFORGE_VLLM_ORIGIN": str(origin)})
         t = time.monotonic()
         v.probe = _probe(senv, troot)
@@ -784,7 +763,7 @@ def check_record(wheel: Path, site: Path) -> dict:
 
 def check_modules(stack, site: Path, changes: list[Change], rev: dict) -> dict:
     touched = [c for c in changes if c.action in ("replace", "add", "remove")]
-    blobs = _blobs(stack.base.repo, [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"])
+    blobs = read_blobs(stack.base.repo, [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"])
     problems, equal = [], []
     for c in touched:
         f = site / c.path
@@ -801,12 +780,7 @@ def check_modules(stack, site: Path, changes: list[Change], rev: dict) -> dict:
 def _extract(repo: Path, commit: str, paths: list[str], dest: Path) -> None:
     present = [p for p in paths if gitutil.run(repo.parent, "cat-file", "-e", f"{commit}:{p}", check=False,
                                              env={"GIT_DIR": str(repo)}).returncode == 0]
-    data = gitutil.run(repo.parent, "archive", "--format=tar", commit, "--", *present, binary=True,
-                       env={"GIT_DIR": str(repo)}).stdout
-    import io
-
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
+    gitutil.export(repo.parent, commit, dest, present, env={"GIT_DIR": str(repo)})
 
 
 def _probe(senv: SiteEnv, cwd: Path) -> dict:

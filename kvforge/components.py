@@ -28,11 +28,9 @@ Also here: `kvforge lint --component` (lint_selected).
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
-import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,16 +167,13 @@ def export_packages(cache, target: str, component: str, repo: Path, commit: str,
                 f"of the components built on it")
         tmp = root / f".{commit}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        res = gitutil.run(repo, "archive", "--format=tar", commit, "--", *packages, check=False, binary=True)
-        if res.returncode != 0:
-            raise KvforgeError(f"{component} {commit[:12]} has no {', '.join(packages)} to put on the path of the "
-                               f"components built on it: {res.stderr.strip()[:200]}",
-                               EXIT_ENV)
         try:
-            tmp.mkdir()
-            with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
-                tar.extractall(tmp, filter="data")
+            gitutil.export(repo, commit, tmp, packages)
             os.rename(tmp, final)
+        except gitutil.GitError as exc:
+            raise KvforgeError(f"{component} {commit[:12]} has no {', '.join(packages)} to put on the path of the "
+                               f"components built on it: {exc.stderr.strip()[:200]}",
+                               EXIT_ENV) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

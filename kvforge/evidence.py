@@ -25,7 +25,7 @@ from .errors import EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text
 
 SCHEMA = 1
-KINDS = ("verify", "test", "bench-prefix-cache", "bench-scheduler-overhead")
+RECORD_KINDS = ("verify", "test", "bench-prefix-cache", "bench-scheduler-overhead")
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Record:
 
 def attachments(cache: Cache, key: Key, kind: str, name: str = "") -> Path:
     """The directory a record's attachments (JUnit XML, logs, replay documents) go into."""
-    if kind not in KINDS:
+    if kind not in RECORD_KINDS:
         raise ValueError(kind)
     path = key.directory(cache) / (kind + (f"-{name}" if name else ""))
     path.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,7 @@ def attachments(cache: Cache, key: Key, kind: str, name: str = "") -> Path:
 
 
 def save(cache: Cache, record: Record) -> Path:
-    if record.kind not in KINDS:
+    if record.kind not in RECORD_KINDS:
         raise ValueError(record.kind)
     path = record.key.directory(cache) / f"{record.stem}.json"
     record.path = path
@@ -86,7 +86,7 @@ def read(path: Path) -> Record:
     """One record file, checked: a file that is not a kvforge record is a one-line error."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        if doc.get("schema") != SCHEMA or doc.get("kind") not in KINDS:
+        if doc.get("schema") != SCHEMA or doc.get("kind") not in RECORD_KINDS:
             raise ValueError(f"schema {doc.get('schema')!r}, kind {doc.get('kind')!r}")
         return Record(kind=doc["kind"], key=Key(**doc["key"]), name=doc.get("name", ""),
                       origin=doc.get("origin", "series"), platform=doc.get("platform", "cpu"),

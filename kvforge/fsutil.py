@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -51,8 +53,6 @@ def file_lock(path: Path, say: Callable[[str], None] | None = None, what: str = 
 
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in 4 MiB chunks (release archives and wheels are hundreds of MB)."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -67,8 +67,6 @@ def crashpoint(name: str) -> None:
     run succeeds and that nothing is left half-made.
     """
     if os.environ.get("KVFORGE_CRASH_AT") == name:
-        import signal
-
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -87,7 +85,7 @@ def remove_stale(directory: Path, pattern: str) -> list[Path]:
     with a group `pid`) and whose pid no longer runs. Files and directories; an entry that vanishes
     meanwhile (another kvforge swept it) is skipped. Returns what was removed."""
     regex = re.compile(pattern)
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(Path(directory).iterdir())
     except FileNotFoundError:

@@ -3,16 +3,18 @@
 LC_ALL=C (so messages can be parsed), kvforge's committer identity (commits never depend on the
 user's git config) and HERMETIC config (no hooks, no autocrlf, no quoted paths) are fixed here.
 GitPython executes the calls; calls that feed standard input go through subprocess with the same
-environment.
+environment. A commit's files leave the repository through `archive`/`export` (one `git archive`).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import Literal, Sequence, overload
 
 import git
 
@@ -27,6 +29,14 @@ COMMITTER = {
 HERMETIC = ("-c", "core.autocrlf=false", "-c", "core.safecrlf=false", "-c", "core.hooksPath=/dev/null",
             "-c", "advice.detachedHead=false", "-c", "commit.gpgsign=false", "-c", "core.quotePath=false",
             "-c", "gc.auto=0", "-c", "maintenance.auto=false")
+
+
+class GitError(KvforgeError):
+    """A checked git call failed (EXIT_ENV); `stderr` is all git printed, for callers that word their own error."""
+
+    def __init__(self, message: str, stderr: str):
+        super().__init__(message, EXIT_ENV)
+        self.stderr = stderr
 
 
 @dataclass
@@ -85,7 +95,7 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
     if check and code != 0:
         text = out.decode(errors="replace") if isinstance(out, bytes) else out
         last = (err.strip().splitlines() or text.strip().splitlines() or ["(no output)"])[-1]
-        raise KvforgeError(f"git {args[0]} failed in {cwd}: {last}", EXIT_ENV)
+        raise GitError(f"git {args[0]} failed in {cwd}: {last}", err)
     return res
 
 
@@ -107,3 +117,19 @@ def rev_parse(cwd: Path, rev: str) -> str | None:
 
 def is_ancestor(cwd: Path, a: str, b: str) -> bool:
     return run(cwd, "merge-base", "--is-ancestor", a, b, check=False).returncode == 0
+
+
+def archive(cwd: Path, commit: str, paths: Sequence[str] = (), env: dict | None = None) -> tarfile.TarFile:
+    """`commit`'s files under `paths` (all of them without) as a tar read into memory, by one `git archive`
+    run in `cwd` (a repository, or any directory with env GIT_DIR): no worktree or index is touched, so
+    bare repositories work. A path the commit lacks, or a broken repository, raises GitError."""
+    data = run(cwd, "archive", "--format=tar", commit, "--", *paths, binary=True, env=env).stdout
+    return tarfile.open(fileobj=io.BytesIO(data))
+
+
+def export(cwd: Path, commit: str, dest: Path, paths: Sequence[str] = (), env: dict | None = None) -> None:
+    """Write `commit`'s files under `paths` (all without) into `dest` (created), through `archive`
+    and tarfile's "data" filter (nothing lands outside `dest`). The one export of a commit's files."""
+    with archive(cwd, commit, paths, env) as tar:
+        dest.mkdir(parents=True, exist_ok=True)
+        tar.extractall(dest, filter="data")

@@ -36,7 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from . import gitutil
+from . import evidence, gitutil
+from .env import target_env
+from .errors import EXIT_TESTS, KvforgeError
+from .testrun import run_properties, run_pytest
+from .trees import open_stack
 
 TESTS = "tests"
 
@@ -68,14 +72,12 @@ class GitSource(Source):
     """A commit of a repository (bare or not), read with one `git archive` of `prefixes`: no worktree is touched."""
 
     def __init__(self, repo: Path, commit: str, prefixes: tuple[str, ...] = ("tests/",)):
-        import io
-
-        data = gitutil.run(repo, "archive", "--format=tar", commit, "--", *prefixes, binary=True).stdout
         self._files: dict[str, str] = {}
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        with gitutil.archive(repo, commit, prefixes) as tar:
             for m in tar:
-                if m.isfile() and m.name.endswith(".py"):
-                    self._files[m.name] = tar.extractfile(m).read().decode("utf-8", errors="replace")
+                fh = tar.extractfile(m) if m.isfile() and m.name.endswith(".py") else None
+                if fh is not None:
+                    self._files[m.name] = fh.read().decode("utf-8", errors="replace")
 
     def paths(self) -> list[str]:
         return sorted(self._files)
@@ -92,8 +94,9 @@ class SdistSource(Source):
         with tarfile.open(archive, "r:gz") as tar:
             for m in tar:
                 rel = m.name.split("/", 1)[1] if "/" in m.name else ""
-                if m.isfile() and rel.endswith(".py") and rel.startswith(prefixes):
-                    self._files[rel] = tar.extractfile(m).read().decode("utf-8", errors="replace")
+                fh = tar.extractfile(m) if m.isfile() and rel.endswith(".py") and rel.startswith(prefixes) else None
+                if fh is not None:
+                    self._files[rel] = fh.read().decode("utf-8", errors="replace")
 
     def paths(self) -> list[str]:
         return sorted(self._files)
@@ -216,7 +219,8 @@ def scan(source: Source, touched: Iterable[str]) -> list[Hit]:
         """The shortest helper chain from p to a file that imports a touched module itself ([] if p does)."""
         if direct[p]:
             return []
-        prev, queue = {p: None}, [p]
+        prev: dict[str, str | None] = {p: None}
+        queue = [p]
         while queue:
             q = queue.pop(0)
             for h in sorted(helpers[q]):
@@ -224,8 +228,8 @@ def scan(source: Source, touched: Iterable[str]) -> list[Hit]:
                     prev[h] = q
                     if direct[h]:
                         path = [h]
-                        while prev[path[-1]] != p:
-                            path.append(prev[path[-1]])
+                        while (step := prev[path[-1]]) is not None and step != p:
+                            path.append(step)
                         return path[::-1]
                     queue.append(h)
         return []
@@ -236,16 +240,6 @@ def scan(source: Source, touched: Iterable[str]) -> list[Hit]:
 def series_touched(series) -> list[str]:
     """Every path any patch of a series changes."""
     return sorted({path for p in series.patches for path in p.touched_paths})
-
-
-def added_by_series(series) -> set[str]:
-    """Test files the series creates (its own Checks files): not part of the base's selection."""
-    out = set()
-    for p in series.patches:
-        for f in p.files:
-            if f.is_added_file:
-                out.add(f.path)
-    return out
 
 
 # ---------------------------------------------------------------- trying modules on CPU
@@ -274,9 +268,6 @@ def try_on_cpu(env, tree: Path, modules: list[str], junit_dir: Path, properties:
     load there stops only its own directory, and would stop a whole verify run: such modules do not
     run); a directory that runs past `timeout` is tried module by module. A module runs on CPU when
     at least one of its tests passes."""
-    from .errors import EXIT_TESTS, KvforgeError
-    from .testrun import run_pytest
-
     groups: dict[str, list[str]] = {}
     for m in modules:
         groups.setdefault(str(PurePosixPath(m).parent), []).append(m)
@@ -345,8 +336,6 @@ def covered(module: str, selection: Iterable[str]) -> bool:
 
 def scan_target(ctx, try_cpu: bool = False) -> ScanReport:
     """ctx's series against its base: the modules it can break; with try_cpu, each unlisted one run on the base."""
-    from .trees import open_stack
-
     stack = open_stack(ctx)
     source = GitSource(stack.base.repo, stack.base.commit)
     touched = touched_modules(series_touched(stack.series), package_of(ctx.component))
@@ -354,10 +343,6 @@ def scan_target(ctx, try_cpu: bool = False) -> ScanReport:
     report = ScanReport(ctx.target.name, ctx.component.name, stack.base.commit, touched, hits,
                         list(ctx.component.tests.get("cpu", ())))
     if try_cpu and report.unlisted:
-        from . import evidence
-        from .env import target_env
-        from .testrun import run_properties
-
         env = target_env(ctx, base=stack.base)
         env.check()
         rdir = evidence.attachments(ctx.cache, stack.key, "test", "cpu-trial")

@@ -22,6 +22,7 @@ from .cache import REF_FROM, REF_STACKS
 from .context import Context, Progress
 from .engine import add_worktree, am_in_progress, am_series, format_patch
 from .errors import EXIT_USAGE, KvforgeError
+from .evidence import Key
 from .fsutil import atomic_write_text, crashpoint, file_lock
 from .series import Series, parse_patch
 
@@ -47,10 +48,8 @@ class Stack:
         return self.series.digest
 
     @property
-    def key(self):
+    def key(self) -> Key:
         """The evidence key of this stack: (target, component, base commit, series digest)."""
-        from .evidence import Key
-
         return Key(self.target, self.component, self.base.commit, self.digest)
 
     def in_base(self, n: int) -> bool:
@@ -94,7 +93,7 @@ def ref_prefix(target: str, component: str, digest: str | None = None) -> str:
 def open_stack(ctx: Context) -> Stack:
     """ctx's stack: from the series files, or from ctx.from_rev; reused when its refs exist."""
     if ctx.from_rev:
-        return _stack_from_rev(ctx)
+        return _stack_from_rev(ctx, ctx.from_rev)
     series = ctx.series()
     base = ctx.base()
     stack = Stack(ctx.target.name, ctx.component.name, base, series, _worktree_path(ctx), [])
@@ -182,10 +181,10 @@ def series_from_commits(repo: Path, commits: list[str], directory: Path) -> Seri
     return Series(directory=directory, patches=patches, problems=[])
 
 
-def _stack_from_rev(ctx: Context) -> Stack:
+def _stack_from_rev(ctx: Context, from_rev: str) -> Stack:
     base = ctx.base()
-    user_repo, head = resolve_from(ctx.from_rev)
-    what = f"--from {ctx.from_rev}"
+    user_repo, head = resolve_from(from_rev)
+    what = f"--from {from_rev}"
     commits = commits_since(user_repo, base.commit, head, what)
     if not commits:
         ctx.say(f"{what}: no commits on top of the base: the stack is the base alone")
@@ -197,7 +196,7 @@ def _stack_from_rev(ctx: Context) -> Stack:
         for prob in p.problems:
             ctx.say(f"{what}: {p.name} ({p.subject}): {prob.message}")
     stack = Stack(ctx.target.name, ctx.component.name, base, series, _worktree_path(ctx), [base.commit, *commits],
-                  origin=f"--from {ctx.from_rev} ({head[:12]})")
+                  origin=f"--from {from_rev} ({head[:12]})")
     with stack.lock(ctx.progress):
         _ensure_worktree(base, stack.worktree)
     return stack

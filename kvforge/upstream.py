@@ -36,15 +36,18 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
+
+from packaging.version import InvalidVersion, Version
 
 from . import gitutil
+from .bases import Base
+from .env import target_env
 from .errors import KvforgeError
 from .fsutil import remove_stale
-
-if TYPE_CHECKING:
-    from .bases import Base
-    from .series import Patch
+from .series import Patch
+from .testrun import run_pytest
+from .verify import fail_kind
 
 NAMES = ("reverse-apply", "patch-id", "upstream-commit", "drop-when", "checks")
 VERDICTS = ("upstream", "carried", "disagree")
@@ -190,8 +193,6 @@ def evaluate_drop_when(expr: str, nb: NewBase) -> Signal:
     """A patch's `Drop-When` against the new base: `version >= X` (the base's release version),
     `base-contains C` (history, or the base's own recorded upstream commit), `upstream-pr-merged URL`
     (needs the network: None), `never` (no condition: None)."""
-    from packaging.version import InvalidVersion, Version
-
     expr = (expr or "").strip()
     m = _VERSION.match(expr)
     if m:
@@ -235,8 +236,6 @@ API_DRIFT = re.compile(
 
 def failure_kind(outcome: str, message: str) -> str | None:
     """passed -> None; behaviour (evidence about the fix) | api (cannot run here) | absent."""
-    from .verify import fail_kind
-
     kind = fail_kind(outcome, message)
     if kind is None:
         return None
@@ -279,9 +278,6 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
     the new base (kvforge.env.target_env, built on first use), from a temporary tree
     <cache>/trees/.work/.upstream-checks.<pid>.* that is removed afterwards (or by the next run
     once that pid is gone)."""
-    from .env import target_env
-    from .testrun import run_pytest
-
     if not patch.checks:
         return Signal("checks", None, False, "the patch has no Checks")
     scratch = ctx_like.cache.trees / ".work"
@@ -295,7 +291,7 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
             env.check()
         except KvforgeError as exc:
             return Signal("checks", None, False, f"no test environment for the new base: {exc}")
-        _export_tree(nb, tree)
+        gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
         refused = _add_test_files(patch, tree)
         nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
         outcomes: dict[str, tuple[str, str]] = {c: ("error", "collection error: its test file does not apply "
@@ -312,14 +308,6 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
         for leftover in scratch.glob(f"{tree.name}.*"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-
-
-def _export_tree(nb: NewBase, dest: Path) -> None:
-    """nb.commit's files into `dest` (a temporary index; the repository's own index is untouched)."""
-    with tempfile.TemporaryDirectory(prefix="kvforge-index-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(dest)}  # works for bare repos too
-        _git(nb.repo, "read-tree", nb.commit, check=True, env=env)
-        _git(nb.repo, "checkout-index", "-a", "-f", check=True, env=env)
 
 
 def _add_test_files(patch, tree: Path) -> set[str]:

@@ -518,8 +518,7 @@ def test_bench_result_lists_scenarios_that_could_not_run():
 @pytest.mark.parametrize("origin", ["series", "--from HEAD (0123456789ab)"])
 def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch, origin):
     """bench_prefix_cache takes the evidence's identity from the stack it measured (series files or --from)."""
-    import kvforge.env
-    import kvforge.trees
+    import kvforge.bench.prepare
 
     stack = SimpleNamespace(base=SimpleNamespace(commit="b" * 40, ref="v0.20.1"), digest="5e41e5d1", size=2,
                             origin=origin, worktree=tmp_path / "tree", commits=["b" * 40, "c" * 40, "p" * 40],
@@ -529,8 +528,8 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
 
     stack.key = Key("v0.20.1", "vllm", "b" * 40, "5e41e5d1")
     env = SimpleNamespace(key="envkey", python=Path("python"), check=lambda: None, environ=lambda: {})
-    monkeypatch.setattr(kvforge.trees, "open_stack", lambda ctx: stack)
-    monkeypatch.setattr(kvforge.env, "target_env", lambda ctx, base: env)
+    monkeypatch.setattr(kvforge.bench.prepare, "open_stack", lambda ctx: stack)
+    monkeypatch.setattr(kvforge.bench.prepare, "target_env", lambda ctx, base: env)
     docs = {"base": RESEND_BASE, "patched": RESEND_FIXED}
     monkeypatch.setattr(pc, "run_replay", lambda py, environ, tree, runs, scale, seed, out, state, say:
                         {"results": [docs[state]], "errors": []})

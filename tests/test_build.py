@@ -156,8 +156,8 @@ def overlay_once(project, cache, out: Path):
     res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2")
     res.build_tag = kbuild.build_tag_for(ctx.component.wheel.filename, stack.digest)
     res.filename = kbuild.output_filename(ctx.component.wheel.filename, res.build_tag)
-    built, _ = kbuild._write_overlay(ctx, stack, upstream, out, changes, {"base": stack.base.commit,
-                                                                         "patched": patched}, res)
+    built, _ = kbuild.write_overlay(ctx, stack, upstream, out, changes, {"base": stack.base.commit,
+                                                                        "patched": patched}, res)
     return built, stack, changes, res
 
 
@@ -327,8 +327,8 @@ def test_a_wheel_not_built_from_this_base_is_refused(overlaid):
     stack, changes = overlaid["stack"], overlaid["changes"]
     res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
     with pytest.raises(kbuild.KvforgeError, match="not built from this base"):
-        kbuild._write_overlay(ctx, stack, other, tmp / "out-other", changes,
-                              {"base": stack.base.commit, "patched": stack.commits[-1]}, res)
+        kbuild.write_overlay(ctx, stack, other, tmp / "out-other", changes,
+                             {"base": stack.base.commit, "patched": stack.commits[-1]}, res)
     assert not (tmp / "out-other").exists()
 
 
@@ -459,9 +459,9 @@ def test_build_cli_verifies_a_wheel_of_vllms_real_python(project, base_v0202, tm
         (cache.root / "envs").symlink_to(TEST_ENVS_DIR, target_is_directory=True)
     monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
     names = git(base.repo, "ls-tree", "-r", "--name-only", base.commit, "vllm").split()
-    from kvforge.build import _blobs
+    from kvforge.build import read_blobs
 
-    blobs = _blobs(base.repo, [f"{base.commit}:{n}" for n in names if n.endswith(".py")])
+    blobs = read_blobs(base.repo, [f"{base.commit}:{n}" for n in names if n.endswith(".py")])
     files = {k.split(":", 1)[1]: v for k, v in blobs.items()}
     files["vllm/_C.abi3.so"] = b"\x7fELF not really" * 1000
     pin_wheel(project, cache, make_wheel(tmp_path / WHEEL_NAME, files))

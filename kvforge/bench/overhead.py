@@ -27,21 +27,19 @@ This module owns the export directories <cache>/trees/.work/<stack worktree>.ove
 from __future__ import annotations
 
 import collections
-import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import statistics
 import subprocess
-import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .prepare import prepare
 from .replay import overhead as cases_mod
 from .. import evidence, gitutil
 from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
@@ -349,14 +347,6 @@ def run_case(procs: dict[str, "TreeProcess"], case: dict, scale: float, seed: in
     return out
 
 
-def export_tree(repo: Path, commit: str, dest: Path) -> None:
-    """The commit's `vllm/` directory (all the replay imports) written under dest."""
-    data = gitutil.run(repo, "archive", "--format=tar", commit, "vllm", binary=True).stdout
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
-
-
 # ---------------------------------------------------------------- the bench
 
 @dataclass
@@ -422,9 +412,6 @@ def bench_scheduler_overhead(ctx, topologies: str = "dsv4,gemma4", kinds: str = 
                              pools: str = "50k,500k", scale: float = DEFAULT_SCALE, steps: int = DEFAULT_STEPS,
                              reps: int = DEFAULT_REPS, seed: int = 0, mask: bool = True) -> OverheadResult:
     """Time the scheduler of ctx's base and patched trees on every case, interleaved; aggregate."""
-    from ..env import target_env
-    from ..trees import open_stack
-
     say, cache = ctx.progress, ctx.cache
     if not scale > 0:
         raise KvforgeError(f"--scale must be > 0 (got {scale})", EXIT_USAGE)
@@ -436,23 +423,14 @@ def bench_scheduler_overhead(ctx, topologies: str = "dsv4,gemma4", kinds: str = 
     except ValueError as exc:
         raise KvforgeError(str(exc), EXIT_USAGE) from None
     start = time.monotonic()
-    stack = open_stack(ctx)
-    env = target_env(ctx, base=stack.base)
-    env.check()
+    prep = prepare(ctx, KIND, f"s{scale:g}-n{steps}-r{reps}-seed{seed}",
+                   lambda _stack: "the series changes nothing in the base: both processes run the base tree "
+                                  "(the ratios show the bench's own noise)")
+    stack, env, name, outdir = prep.stack, prep.env, prep.name, prep.outdir
     result = OverheadResult(ctx.target.name, ctx.component.name, stack.base.commit, stack.base.ref, stack.digest,
                             stack.size, stack.origin, scale, steps, reps, seed, env.key)
-    top = stack.size
-    result.commits = {"base": stack.commits[0], "patched": stack.commits[top]}
-    if not top or all(stack.in_base(n) for n in range(1, top + 1)):
-        result.note = ("the series changes nothing in the base: both processes run the base tree "
-                       "(the ratios show the bench's own noise)")
-        say(result.note)
-    result.vllm_settings = settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
-    name = f"s{scale:g}-n{steps}-r{reps}-seed{seed}"
-    if settings:
-        name += "-vllm" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
-        say("with " + " ".join(f"{k}={v}" for k, v in settings.items()))
-    outdir = evidence.attachments(cache, stack.key, KIND, name)
+    result.commits = {"base": stack.commits[0], "patched": stack.commits[stack.size]}
+    result.note, result.vllm_settings = prep.note, prep.settings
     work = stack.worktree.parent
     prefix = f"{stack.worktree.name}.overhead."
     remove_stale(work, re.escape(prefix) + r"(?P<pid>\d+)$")
@@ -461,7 +439,7 @@ def bench_scheduler_overhead(ctx, topologies: str = "dsv4,gemma4", kinds: str = 
     try:
         for st in STATES:
             say(f"exporting the {st} tree ({result.commits[st][:12]})")
-            export_tree(stack.base.repo, result.commits[st], export / st)
+            gitutil.export(stack.base.repo, result.commits[st], export / st, ["vllm"])
         environ = env.environ()
         for st in STATES:
             procs[st] = TreeProcess(st, env.python, environ, export / st, outdir / f"{st}.log", say)

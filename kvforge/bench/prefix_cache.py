@@ -16,20 +16,24 @@ by base, digest, scale and seed.
 from __future__ import annotations
 
 import collections
-import hashlib
+import importlib.util
 import json
 import os
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from . import DEFAULT_SCALE
+from .prepare import prepare
 from .replay import workloads
 from .. import evidence
+from ..env import target_env
 from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from ..report import table
+from ..targets import STANDINS_DIR
+from ..trees import open_stack
 
 Progress = Callable[[str], None]
 REPLAY = Path(__file__).resolve().with_name("replay")  # run as `python REPLAY`: see replay/__main__.py
@@ -123,7 +127,7 @@ def aggregate(docs: dict[str, dict]) -> list[dict]:
                 order.append(key)
     rows = []
     for key in order:
-        row = {"scenario": key[0], "variant": key[1], "label": run_label(*key)}
+        row: dict[str, Any] = {"scenario": key[0], "variant": key[1], "label": run_label(*key)}
         for state in docs:
             row[state] = by_state[state].get(key)
             if key in errors[state]:
@@ -240,15 +244,14 @@ def render(rows: list[dict], states: list[str]) -> str:
 # ---------------------------------------------------------------- plot
 
 def check_plot_available() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         raise KvforgeError("--plot needs matplotlib, which is not installed; "
-                           "install kvforge's plot extra: pip install 'kvforge[plot]'", EXIT_USAGE) from None
+                           "install kvforge's plot extra: pip install 'kvforge[plot]'", EXIT_USAGE)
 
 
 def write_plot(rows: list[dict], states: list[str], path: Path, title: str) -> None:
     """Per-request hit rate, base vs patched, with the ceiling: one panel per scenario."""
+    # The one import inside a function: matplotlib is the optional plot extra, loaded only for --plot.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -386,9 +389,6 @@ def run_replay(python: Path, environ: dict[str, str], tree: Path, runs: list[tup
 
 def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_SCALE, seed: int = 0) -> BenchResult:
     """Replay the scenarios on ctx's base and patched trees (series files or --from); aggregate."""
-    from ..env import target_env
-    from ..trees import open_stack
-
     say, target, cache = ctx.progress, ctx.target, ctx.cache
     if not scale > 0:
         raise KvforgeError(f"--scale must be > 0 (got {scale})", EXIT_USAGE)
@@ -397,25 +397,15 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
     runs = parse_scenarios(scenario_spec)
     start = time.monotonic()
     comp = ctx.component
-    stack = open_stack(ctx)
-    env = target_env(ctx, base=stack.base)
-    env.check()
+    prep = prepare(ctx, "bench-prefix-cache", f"s{scale:g}-seed{seed}",
+                   lambda stack: f"{comp.series_dir.name}: no patch changes the base; the base tree is the patched "
+                                 "tree" if stack.size else
+                                 f"{comp.series_dir.name}: empty series; the base tree is the patched tree")
+    stack, env, name, outdir = prep.stack, prep.env, prep.name, prep.outdir
     result = BenchResult(target.name, comp.name, stack.base.commit, stack.base.ref, stack.digest, stack.size,
                          stack.origin, scale, seed, [run_label(*r) for r in runs], env.key)
-    states = [("base", 0)]
-    if stack.size and not all(stack.in_base(n) for n in range(1, stack.size + 1)):
-        states.append(("patched", stack.size))
-    else:
-        result.note = (f"{comp.series_dir.name}: no patch changes the base; the base tree is the patched tree"
-                       if stack.size else f"{comp.series_dir.name}: empty series; the base tree is the patched tree")
-        say(result.note)
-    # VLLM_* settings change what vLLM does: they are part of the evidence and of its name.
-    result.vllm_settings = settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
-    name = f"s{scale:g}-seed{seed}"
-    if settings:
-        name += "-vllm" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
-        say("with " + " ".join(f"{k}={v}" for k, v in settings.items()))
-    outdir = evidence.attachments(cache, stack.key, "bench-prefix-cache", name)
+    states = [("base", 0), ("patched", stack.size)] if prep.changes else [("base", 0)]
+    result.note, result.vllm_settings = prep.note, prep.settings
     environ = env.environ()
     with stack.lock(say):
         for state, n in states:
@@ -479,8 +469,6 @@ def ascend_environ(env, comp, vllm_tree: Path) -> dict[str, str]:
     """The replay's environment for a vllm-ascend tree: the vLLM test environment, `vllm_tree`
     importable, the component's declared stand-ins, and only kvforge's CPU platform plugin (a
     vllm-ascend tree root also registers vllm_ascend's NPU platform through its egg-info)."""
-    from ..targets import STANDINS_DIR
-
     environ = env.environ()
     path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     standins = tuple(getattr(comp, "standins", ()))
@@ -496,9 +484,6 @@ def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int) -> BenchResul
     """Seed 001 per --block-size on the base (vllm-ascend and vLLM release trees) and the patched
     trees (both series); vLLM's scheduler with vllm-ascend's coordinator, managers and DeepSeek-V4
     specs (replay/ascend.py)."""
-    from ..env import target_env
-    from ..trees import open_stack
-
     say = ctx.progress
     if scenario_spec not in ("all", ASCEND_SCENARIO):
         raise KvforgeError(f"--scenario: vllm-ascend has one scenario, {ASCEND_SCENARIO} (got {scenario_spec})",

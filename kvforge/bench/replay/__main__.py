@@ -17,9 +17,10 @@ if __package__:
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-sys.modules["kvforge"] = None  # any `import kvforge...` now raises ImportError
+sys.modules["kvforge"] = None  # type: ignore[assignment]  # None: any `import kvforge...` raises ImportError
 _spec = importlib.util.spec_from_file_location("kvforge_replay", os.path.join(_HERE, "__init__.py"),
                                                submodule_search_locations=[_HERE])
+assert _spec is not None and _spec.loader is not None, "a file location always gives a spec with a loader"
 _pkg = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _pkg
 _spec.loader.exec_module(_pkg)

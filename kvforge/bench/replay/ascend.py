@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 from types import SimpleNamespace
+from typing import Any
 
 from . import driver
 from .cli import run_case, write_doc
@@ -53,7 +54,7 @@ def workload(scale: float, seed: int) -> dict:
     repeat_at = set(rng.sample(range(conc, n), min(round(0.9 * n), n - conc)))
     prompts: list[list[int]] = []
     first_sent: list[int] = []
-    reqs = []
+    reqs: list[dict[str, Any]] = []
     for i in range(n):
         eligible = [p for p, j in enumerate(first_sent) if j <= i - conc]
         if i in repeat_at and eligible:
@@ -84,6 +85,7 @@ def _load_worker_patch(name: str):
 
     path = os.path.join(os.path.dirname(vllm_ascend.__file__), *name.split(".")[1:]) + ".py"
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, f"{path}: a .py file always gives a spec with a loader"
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -107,7 +109,7 @@ def _init_single_process_group() -> None:
         initialize_model_parallel(1, 1)
 
 
-def dsv4_specs(requested: int, feats: Features) -> tuple[int, list[tuple[str, object]]]:
+def dsv4_specs(requested: int, feats: Features) -> tuple[int, list[tuple[str, Any]]]:
     """(effective block size, [(group, KV cache spec)]) as this vllm-ascend tree builds them."""
     import torch
     from vllm.config import CacheConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
@@ -166,7 +168,7 @@ def group_record(name: str, spec) -> dict:
 
 # ---------------------------------------------------------------- the scheduler, as the engine core builds it
 
-def build(specs: list[tuple[str, object]], wl: dict, feats: Features):
+def build(specs: list[tuple[str, Any]], wl: dict, feats: Features):
     """vLLM's Scheduler over the given KV cache groups (vllm-ascend's coordinator once patched)."""
     import vllm
     from vllm import config as vcfg
@@ -203,7 +205,7 @@ def build(specs: list[tuple[str, object]], wl: dict, feats: Features):
     try:
         from vllm.utils.hashing import get_hash_fn_by_name
     except ImportError:  # pragma: no cover - older layout
-        from vllm.utils import get_hash_fn_by_name  # type: ignore
+        from vllm.utils import get_hash_fn_by_name
     hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
     kcu.init_none_hash(hash_fn)
     block_hasher = kcu.get_request_block_hasher(hash_bs, hash_fn)
@@ -214,7 +216,7 @@ def build(specs: list[tuple[str, object]], wl: dict, feats: Features):
     return scheduler, block_hasher, vllm_config
 
 
-def hit_alignment(specs: list[tuple[str, object]]) -> int:
+def hit_alignment(specs: list[tuple[str, Any]]) -> int:
     """The granularity of a hit in AscendHybridKVCacheCoordinator: lcm of block_size x compress_ratio."""
     return math.lcm(*(spec.block_size * max(getattr(spec, "compress_ratio", 1) or 1, 1) for _, spec in specs))
 
@@ -235,8 +237,16 @@ def run(requested: int, scale: float, seed: int) -> dict:
     # driver.run_one builds the scheduler with scheduler.build (group dicts -> vLLM's specs) and sizes
     # the ceiling with topologies.hit_alignment; here both come from the tree's own specs.
     saved = driver.build, driver.hit_alignment
-    driver.build = lambda _wl, f: (f.update(feats), build(specs, wl, f))[1]
-    driver.hit_alignment = lambda _groups: align
+    tree_feats = feats
+
+    def tree_build(wl: dict, feats: Features):  # driver.build's signature; run_one passes this `wl`
+        feats.update(tree_feats)
+        return build(specs, wl, feats)
+
+    def tree_alignment(groups: list[dict]) -> int:  # topologies.hit_alignment's signature
+        return align
+
+    driver.build, driver.hit_alignment = tree_build, tree_alignment
     try:
         res = driver.run_one(wl, SCENARIO, f"bs{requested}", scale, seed)
     finally:

@@ -17,7 +17,8 @@ class Keyer:
     """Incremental chained block keys of one growing token sequence."""
 
     def __init__(self, align: int):
-        self.align, self.keys, self.parent = align, [], b""
+        self.align, self.parent = align, b""
+        self.keys: list[bytes] = []
 
     def extend_to(self, tokens, n_tokens: int) -> list[bytes]:
         """Key every whole block within the first n_tokens not keyed yet; return the new keys."""
@@ -63,7 +64,8 @@ def ceilings(requests: list[dict], align: int) -> list[int]:
 def _lookahead_keys(tokens, align: int, lookahead: int, n_tokens: int) -> list[bytes]:
     """Chained digests of the whole `align`-token blocks of tokens[:n_tokens] whose `lookahead`
     following tokens are known too, each digest covering its block and those tokens."""
-    keys, parent = [], b""
+    keys: list[bytes] = []
+    parent = b""
     while (len(keys) + 1) * align + lookahead <= n_tokens:
         start = len(keys) * align
         h = hashlib.blake2b(parent, digest_size=16)

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 from .driver import SCHEMA, run, say
 from .workloads import SCENARIOS, parse_runs
@@ -66,7 +67,6 @@ def run_case(doc: dict, scenario: str, variant: str, replay) -> None:
     try:
         res = replay()
     except Exception as exc:
-        import traceback
         doc["errors"].append(dict(scenario=scenario, variant=variant, error=f"{type(exc).__name__}: {exc}",
                                   traceback=traceback.format_exc(limit=8)))
         say(f"error {label}: {type(exc).__name__}: {exc}")

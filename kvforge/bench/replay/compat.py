@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import Mapping
 
 
 def accepts(fn_or_cls, name: str) -> bool:
     """Does this vLLM callable (or dataclass) take a keyword argument `name`?"""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(fn_or_cls).parameters
     except (TypeError, ValueError):

@@ -54,8 +54,8 @@ def connector_class():
     def __init__(self, vllm_config, role, kv_cache_config=None, *args, **kwargs):
         cbase.KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
         self.align = STATE.align
-        self.store: set[bytes] = set()
-        self.live: dict[str, tuple] = {}  # request id -> (request, keyer)
+        self.store = set()  # block keys stored (bytes)
+        self.live = {}  # request id -> (request, keyer)
         STATE.connector = self
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens, *args, **kwargs):

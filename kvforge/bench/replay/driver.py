@@ -110,7 +110,8 @@ def run_one(wl: dict, scenario: str, variant: str, scale: float, seed: int, chec
     probe = ExternalProbe(scheduler) if cfg.get("connector") else None
     per_req = stats.attribute_per_request(scheduler.kv_cache_manager)
     sampler = Sampler({r["id"]: r["output"] for r in reqs}, spec, seed)
-    totals, conn_totals = Counter(), Counter()
+    totals: Counter[str] = Counter()
+    conn_totals: Counter[str] = Counter()
     client = ClosedLoopClient(reqs, cfg["concurrency"], block_hasher)
     admitted: dict[str, int] = {}
     step = 0
@@ -181,7 +182,7 @@ def run_one(wl: dict, scenario: str, variant: str, scale: float, seed: int, chec
             submitted_step=client.submitted.get(r["id"]), admitted_step=admitted.get(r["id"]),
             finished_step=client.finished.get(r["id"]),
         ))
-    attributed = Counter()
+    attributed: Counter[str] = Counter()
     for row in rows:
         attributed["queries"] += row["counted_queries"]
         attributed["hits"] += row["counted_hits"]
@@ -211,10 +212,18 @@ def merge_sweep(parts: list[dict], wl: dict) -> dict:
     out["notes"] = wl["notes"]
     out["config"] = dict(first["config"], sweep=wl["sweep_param"],
                          points=[p["point"] for p in parts])
-    total, ceil, ceil_la, rows, points = Counter(), Counter(), Counter(), [], []
-    vcounts, vexamples, ext = Counter(), defaultdict(list), Counter()
-    ext_examples, probe_errors, two_groups, steps = [], [], 0, 0
-    seconds = Counter()
+    total: Counter[str] = Counter()
+    ceil: Counter[str] = Counter()
+    ceil_la: Counter[str] = Counter()
+    rows: list[dict] = []
+    points: list[dict] = []
+    vcounts: Counter[str] = Counter()
+    vexamples: defaultdict[str, list[dict]] = defaultdict(list)
+    ext: Counter[str] = Counter()
+    ext_examples: list[dict] = []
+    probe_errors: list[str] = []
+    two_groups = steps = 0
+    seconds: Counter[str] = Counter()  # float seconds per phase
     for p in parts:
         total.update(p["overall"])
         ceil.update(p["ceiling"])

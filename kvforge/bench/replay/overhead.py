@@ -40,12 +40,18 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import sys
 import time
 import traceback
 from collections import Counter
 
-from .workloads import _scaled, _tokens, workload
+from . import stats
+from .compat import Features
+from .driver import ClosedLoopClient
+from .sampler import Sampler
+from .scheduler import build
+from .workloads import random_tokens, scaled, workload
 
 # Step budget (max_num_batched_tokens) of each topology's deployment, whatever --scale is: the
 # per-step cost is the one of a real deployment (DSv4: 4096-token chunks; Gemma4: 8192).
@@ -73,7 +79,7 @@ def cases(topologies: list[str], kinds: list[str], pools: list[int]) -> list[dic
     for p in pools:
         if p < 1024:
             raise ValueError(f"pool of {p} blocks: at least 1024 blocks")
-    out = []
+    out: list[dict] = []
     for t in topologies:
         for name, kind, scenario, variant in CASES[t]:
             if kind in kinds:
@@ -115,10 +121,8 @@ def case_requests(case: dict, scale: float, seed: int) -> dict:
 
 def _unique_like(base: dict, scale: float, seed: int, tag: str) -> list[dict]:
     """The seed's requests with every prompt replaced by fresh tokens of the same length."""
-    import random
-
     rng = random.Random(f"overhead:{tag}:{seed}:{scale!r}")
-    return [dict(label=f"u{i}", prompt=_tokens(rng, len(r["prompt"])), output=list(r["output"]))
+    return [dict(label=f"u{i}", prompt=random_tokens(rng, len(r["prompt"])), output=list(r["output"]))
             for i, r in enumerate(base["requests"])]
 
 
@@ -133,11 +137,10 @@ def _unique_resend(base: dict, scale: float, seed: int) -> list[dict]:
 def _unique_repeat(base: dict, scale: float, seed: int) -> list[dict]:
     # dsv4-repeat's shape (8K in x 1K out, 32 in flight, 512 requests), every prompt new. Built
     # directly rather than from the seed's 512 requests: those re-send ~46 prompts.
-    import random
-
     rng = random.Random(f"overhead:dsv4-repeat:{seed}:{scale!r}")
-    in_len, out_len = _scaled(8192, scale, 512), _scaled(1024, scale, 8)
-    return [dict(label=f"u{i}", prompt=_tokens(rng, in_len), output=_tokens(rng, out_len)) for i in range(512)]
+    in_len, out_len = scaled(8192, scale, 512), scaled(1024, scale, 8)
+    return [dict(label=f"u{i}", prompt=random_tokens(rng, in_len), output=random_tokens(rng, out_len))
+            for i in range(512)]
 
 
 _UNIQUE = {"unique-resend": _unique_resend, "unique-repeat": _unique_repeat, "unique-dflash": _unique_dflash}
@@ -207,8 +210,6 @@ class Run:
     (as after vLLM's engine start-up) and collected before each repetition."""
 
     def __init__(self, wl: dict, case: dict, seed: int, steps: int, profile: bool = False) -> None:
-        from .compat import Features
-        from .scheduler import build
         from vllm.v1.outputs import ModelRunnerOutput
         try:
             from vllm.v1.outputs import DraftTokenIds
@@ -224,7 +225,7 @@ class Run:
         self.spec = self.cfg.get("spec")
         self.prof = _Profiler(self.scheduler) if profile else None
         self.reps = 0
-        self.client = None
+        self.client: ClosedLoopClient | None = None  # set by begin()
         gc.collect()
         gc.freeze()
         self.frozen = True
@@ -232,9 +233,6 @@ class Run:
 
     def begin(self) -> dict:
         """Start a repetition: reset the scheduler (after the first), fresh client and counters."""
-        from .driver import ClosedLoopClient
-        from .sampler import Sampler
-
         t0 = time.perf_counter()
         sched = self.scheduler
         if self.reps:
@@ -252,10 +250,11 @@ class Run:
         self.client = ClosedLoopClient(reqs, self.cfg["concurrency"], self.block_hasher)
         if self.prof is not None:
             self.prof.clear()
-        self.t = Counter()  # ns: schedule, update, submit, draft
+        self.t: Counter[str] = Counter()  # ns: schedule, update, submit, draft
         self.step_ns: list[int] = []  # wall time of schedule() + update_from_output(), per step
         self.step_cpu_ns: list[int] = []  # the same calls' CPU time (this thread), per step
-        self.totals, self.conn = Counter(), Counter()
+        self.totals: Counter[str] = Counter()
+        self.conn: Counter[str] = Counter()
         self.admitted = self.tokens = self.preempted = self.step = 0
         self.loop_seconds = 0.0
         gc.collect()
@@ -264,12 +263,11 @@ class Run:
 
     @property
     def done(self) -> bool:
+        assert self.client is not None, "begin() comes first"
         return not self.client.busy or self.step >= self.max_steps
 
     def advance(self, n: int) -> dict:
         """Run up to n more steps; the timed calls are schedule() and update_from_output()."""
-        from . import stats
-
         if self.client is None:
             raise RuntimeError("advance before begin")
         ns, cpu = time.perf_counter_ns, time.thread_time_ns
@@ -329,6 +327,7 @@ class Run:
 
     def end(self) -> dict:
         """The repetition's result: counts, time per call kind, and every step's time (ns)."""
+        assert self.client is not None, "begin() comes first"
         res = dict(
             case=self.case, rep=self.reps - 1, steps=self.step, done=not self.client.busy, admitted=self.admitted,
             finished=len(self.client.finished), scheduled_tokens=self.tokens, preempted=self.preempted,
@@ -410,9 +409,6 @@ def mask_cost(chunk_tokens: int, repeat: int, seed: int) -> dict:
     chunks [k*n, (k+1)*n) blocks, k = 0..7, `repeat` times each; the median and the minimum per
     call are reported, with the share of blocks the mask keeps. {"present": False} when the tree
     has no mask."""
-    from .compat import Features
-    from .scheduler import build
-
     case = dict(topology="dsv4", workload="unique-resend", kind="unique", scenario="dsv4-resend", variant="",
                 pool=DEFAULT_POOLS[0])
     wl = overhead_workload(case, 0.01, seed)

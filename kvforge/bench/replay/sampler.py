@@ -16,7 +16,7 @@ class Sampler:
 
     def __init__(self, planned: dict[str, list[int]], spec: dict | None, seed: int):
         self.planned = planned
-        self.spec = spec
+        self.spec = spec or {}  # {"k": drafts per step, "accept": probability}; only read with drafts
         self.rng = random.Random(f"accept:{seed}")
         self.drafted = 0
         self.accepted = 0

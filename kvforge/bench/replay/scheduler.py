@@ -99,7 +99,7 @@ def build(wl: dict, feats: Features):
     try:
         from vllm.utils.hashing import get_hash_fn_by_name
     except ImportError:  # pragma: no cover - older layout
-        from vllm.utils import get_hash_fn_by_name  # type: ignore
+        from vllm.utils import get_hash_fn_by_name
     hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
     kcu.init_none_hash(hash_fn)
     lookahead = getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from typing import Any
 
 from .topologies import DSV4_GROUPS, EXTERNAL_GROUPS, GEMMA4_DFLASH_GROUPS, GPTOSS_GROUPS
 
@@ -70,12 +71,12 @@ def workload(scenario: str, variant: str, scale: float, seed: int = 0) -> dict:
     return wl
 
 
-def _tokens(rng: random.Random, n: int) -> list[int]:
+def random_tokens(rng: random.Random, n: int) -> list[int]:
     # Token ids well inside any vocabulary and away from special ids.
     return [rng.randrange(1000, 100_000) for _ in range(n)]
 
 
-def _scaled(n: float, scale: float, minimum: int = 1) -> int:
+def scaled(n: float, scale: float, minimum: int = 1) -> int:
     return max(minimum, int(round(n * scale)))
 
 
@@ -87,18 +88,18 @@ def _chunk(tokens: int, scale: float, unit: int) -> int:
 def _dsv4_resend(rng: random.Random, variant: str, scale: float, seed: int) -> dict:
     # Seed 000: A, A, B, A of ~374k tokens; A and B share only the first
     # 256 tokens (the chat-template prelude). Sequential, max_tokens 3.
-    shared = _tokens(rng, 256)
-    len_a, len_b = _scaled(373_943, scale, 1024), _scaled(378_175, scale, 1024)
-    a = shared + _tokens(rng, len_a - 256)
-    b = shared + _tokens(rng, len_b - 256)
-    outs = [_tokens(rng, 3) for _ in range(4)]
+    shared = random_tokens(rng, 256)
+    len_a, len_b = scaled(373_943, scale, 1024), scaled(378_175, scale, 1024)
+    a = shared + random_tokens(rng, len_a - 256)
+    b = shared + random_tokens(rng, len_b - 256)
+    outs = [random_tokens(rng, 3) for _ in range(4)]
     reqs = [
         dict(label="A.1", prompt=a, output=outs[0]),
         dict(label="A.2", prompt=a, output=outs[1]),
         dict(label="B", prompt=b, output=outs[2]),
         dict(label="A.3", prompt=a, output=outs[3]),
     ]
-    cfg = dict(num_blocks=_scaled(54_774, scale, 64), max_num_batched_tokens=_chunk(4096, scale, 256),
+    cfg = dict(num_blocks=scaled(54_774, scale, 64), max_num_batched_tokens=_chunk(4096, scale, 256),
                max_num_seqs=512, concurrency=1, max_model_len=1_048_576, spec=None)
     notes = ["sequential like the seed's client (each request after the previous finished)"]
     return dict(groups=DSV4_GROUPS, config=cfg, requests=reqs, notes=notes)
@@ -108,7 +109,7 @@ def _dsv4_repeat(rng: random.Random, variant: str, scale: float, seed: int) -> d
     # Seed 001's workload: 8K input x 1K output, 32 in flight, 90% of the
     # requests re-send an earlier prompt.
     conc, n = 32, 512
-    in_len, out_len = _scaled(8192, scale, 512), _scaled(1024, scale, 8)
+    in_len, out_len = scaled(8192, scale, 512), scaled(1024, scale, 8)
     n_repeat = round(0.9 * n)
     # The first `conc` requests cannot re-send anything already served; the
     # re-sends are spread over the rest, each picking a prompt first sent at
@@ -121,13 +122,13 @@ def _dsv4_repeat(rng: random.Random, variant: str, scale: float, seed: int) -> d
         eligible = [p for p, j in enumerate(first_sent) if j <= i - conc]
         if i in repeat_at and eligible:
             p = rng.choice(eligible)
-            reqs.append(dict(label=f"r{i}=p{p}", prompt=prompts[p], output=_tokens(rng, out_len)))
+            reqs.append(dict(label=f"r{i}=p{p}", prompt=prompts[p], output=random_tokens(rng, out_len)))
         else:
-            prompts.append(_tokens(rng, in_len))
+            prompts.append(random_tokens(rng, in_len))
             first_sent.append(i)
             reqs.append(dict(label=f"r{i}:p{len(prompts) - 1}", prompt=prompts[-1],
-                             output=_tokens(rng, out_len)))
-    cfg = dict(num_blocks=_scaled(54_774, scale, 64), max_num_batched_tokens=_chunk(4096, scale, 256),
+                             output=random_tokens(rng, out_len)))
+    cfg = dict(num_blocks=scaled(54_774, scale, 64), max_num_batched_tokens=_chunk(4096, scale, 256),
                max_num_seqs=512, concurrency=conc, max_model_len=1_048_576, spec=None)
     notes = [f"{n} requests, {len(prompts)} distinct prompts, "
              f"{sum(1 for r in reqs if '=' in r['label'])} re-sends"]
@@ -137,14 +138,14 @@ def _dsv4_repeat(rng: random.Random, variant: str, scale: float, seed: int) -> d
 def _gemma4_dflash(rng: random.Random, variant: str, scale: float, seed: int) -> dict:
     # Seed 002: gsm8k-style eval, every request shares a ~1.5k-token
     # few-shot prefix, then its own question; DFlash speculative decoding.
-    n, conc = _scaled(256, scale, 16), _scaled(32, scale, 4)
-    fewshot = _tokens(rng, 1487)
+    n, conc = scaled(256, scale, 16), scaled(32, scale, 4)
+    fewshot = random_tokens(rng, 1487)
     reqs = []
     for i in range(n):
-        q = _tokens(rng, rng.randint(40, 160))
-        reqs.append(dict(label=f"q{i}", prompt=fewshot + q, output=_tokens(rng, rng.randint(80, 256))))
+        q = random_tokens(rng, rng.randint(40, 160))
+        reqs.append(dict(label=f"q{i}", prompt=fewshot + q, output=random_tokens(rng, rng.randint(80, 256))))
     spec = None if variant == "nospec" else dict(method="dflash", k=8, accept=0.7)
-    cfg = dict(num_blocks=_scaled(16_384, scale, 2048), max_num_batched_tokens=8192,
+    cfg = dict(num_blocks=scaled(16_384, scale, 2048), max_num_batched_tokens=8192,
                max_num_seqs=256, concurrency=conc, max_model_len=40_000, spec=spec)
     groups = GEMMA4_DFLASH_GROUPS if spec else [g for g in GEMMA4_DFLASH_GROUPS if not g.get("draft")]
     notes = ["spec decode off: no DFlash draft group, 2 KV groups" if not spec
@@ -155,21 +156,21 @@ def _gemma4_dflash(rng: random.Random, variant: str, scale: float, seed: int) ->
 def _gptoss_eagle(rng: random.Random, variant: str, scale: float, seed: int) -> dict:
     # Control: gpt-oss (full + SWA 128) with EAGLE3, multi-turn chats that
     # share a system prompt; each turn re-sends the whole conversation.
-    convs, turns, conc = _scaled(48, scale, 4), 4, _scaled(32, scale, 4)
-    system = _tokens(rng, 1200)
+    convs, turns, conc = scaled(48, scale, 4), 4, scaled(32, scale, 4)
+    system = random_tokens(rng, 1200)
     history = [list(system) for _ in range(convs)]
     reqs = []
     last_of: dict[int, int] = {}
     for t in range(turns):
         for c in range(convs):
-            prompt = history[c] + _tokens(rng, rng.randint(50, 300))
-            out = _tokens(rng, rng.randint(100, 400))
+            prompt = history[c] + random_tokens(rng, rng.randint(50, 300))
+            out = random_tokens(rng, rng.randint(100, 400))
             reqs.append(dict(label=f"c{c}t{t}", prompt=prompt, output=out, after=last_of.get(c)))
             last_of[c] = len(reqs) - 1
             history[c] = prompt + out
     # nospec: the same requests without speculative decoding (the rate EAGLE3 should reach).
     spec = None if variant == "nospec" else dict(method="eagle3", k=3, accept=0.7)
-    cfg = dict(num_blocks=_scaled(16_384, scale, 2048), max_num_batched_tokens=8192,
+    cfg = dict(num_blocks=scaled(16_384, scale, 2048), max_num_batched_tokens=8192,
                max_num_seqs=256, concurrency=conc, max_model_len=131_072, spec=spec)
     notes = [("spec decode off" if spec is None else "EAGLE3 k=3, per-token acceptance 0.7")
              + "; turn t+1 re-sends turn t's prompt and answer"]
@@ -193,10 +194,10 @@ def _external_hit_sweep(rng: random.Random, scale: float, seed: int) -> dict:
     # blocks from the head of the free queue (the KV pressure of the moment)
     # while turn 3 arrives, finding turn 1 locally and turn 2 (served by
     # another instance) in the shared KV tier. One fresh scheduler per point.
-    system = _tokens(rng, 1000)
-    user1, out1 = _tokens(rng, 200), _tokens(rng, 100)
-    user2, out2 = _tokens(rng, 150), _tokens(rng, 200)
-    user3, out3 = _tokens(rng, 100), _tokens(rng, 32)
+    system = random_tokens(rng, 1000)
+    user1, out1 = random_tokens(rng, 200), random_tokens(rng, 100)
+    user2, out2 = random_tokens(rng, 150), random_tokens(rng, 200)
+    user3, out3 = random_tokens(rng, 100), random_tokens(rng, 32)
     turn1 = system + user1
     turn2 = turn1 + out1 + user2
     turn3 = turn2 + out2 + user3
@@ -207,10 +208,10 @@ def _external_hit_sweep(rng: random.Random, scale: float, seed: int) -> dict:
     sizes = sorted({lo + (hi - lo) * k // (n_points - 1) // 16 * 16 for k in range(n_points)})
     sweep = []
     for size in sizes:
-        filler = _tokens(random.Random(f"filler:{seed}:{size}"), size)
-        reqs = [
+        filler = random_tokens(random.Random(f"filler:{seed}:{size}"), size)
+        reqs: list[dict[str, Any]] = [
             dict(label="turn1", prompt=turn1, output=out1),
-            dict(label="load", prompt=filler, output=_tokens(rng, 16), after=0),
+            dict(label="load", prompt=filler, output=random_tokens(rng, 16), after=0),
             dict(label="turn3", prompt=turn3, output=out3, after=0, tier_adds=[turn2 + out2[:-1]]),
         ]
         for i, r in enumerate(reqs):
@@ -233,8 +234,8 @@ def _external_hit_soak(rng: random.Random, scale: float) -> dict:
     # multi-turn chats alternate between them. We replay instance B: its
     # turn t+2 finds turn t in its local prefix cache and turn t+1, served
     # by instance A, in the shared tier (external tokens).
-    convs, turns, conc = _scaled(96, scale, 8), 8, _scaled(32, scale, 4)
-    system = _tokens(rng, 1000)
+    convs, turns, conc = scaled(96, scale, 8), 8, scaled(32, scale, 4)
+    system = random_tokens(rng, 1000)
     history = [list(system) for _ in range(convs)]
     reqs = []
     last_of: dict[int, int] = {}
@@ -247,8 +248,8 @@ def _external_hit_soak(rng: random.Random, scale: float) -> dict:
     for c in order:
         t = turn_of[c]
         turn_of[c] += 1
-        prompt = history[c] + _tokens(rng, rng.randint(50, 300))
-        out = _tokens(rng, rng.randint(64, 256))
+        prompt = history[c] + random_tokens(rng, rng.randint(50, 300))
+        out = random_tokens(rng, rng.randint(64, 256))
         history[c] = prompt + out
         if (c + t) % 2 == 0:  # served by instance A: its KV lands in the shared tier
             pending_tier[c].append(prompt + out[:-1])
@@ -256,7 +257,7 @@ def _external_hit_soak(rng: random.Random, scale: float) -> dict:
         reqs.append(dict(label=f"c{c}t{t}", prompt=prompt, output=out, after=last_of.get(c),
                          tier_adds=pending_tier.pop(c, [])))
         last_of[c] = len(reqs) - 1
-    cfg = dict(num_blocks=_scaled(12_288, scale, 1536), max_num_batched_tokens=4096,
+    cfg = dict(num_blocks=scaled(12_288, scale, 1536), max_num_batched_tokens=4096,
                max_num_seqs=256, concurrency=conc, max_model_len=32_768,
                spec=dict(method="mtp", k=3, accept=0.7), connector="tier")
     notes = ["instance B of two sharing a KV tier; connector: synchronous loads from the tier, "
