@@ -41,13 +41,14 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import gitutil, ledger
+from . import gitutil, ledger, seriesdir
 from .bases import Base, ensure_base, release_files
 from .context import Context
 from .engine import AM_OPTS, add_worktree, am_in_progress, diagnose
+from .export import read_commit
 from .errors import EXIT_APPLY, EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, crashpoint, file_lock, sha256_file
-from .series import Patch, parse_patch
+from .series import Patch, lint_directory, parse_patch
 from .targets import Component, Release, parse_target, project_root
 
 STATE_VERSION = 1
@@ -698,8 +699,6 @@ def _advance(ctx: Context, st: dict, start: float) -> RebaseResult:
 
 
 def _commit(ctx: Context, st: dict, start: float | None = None) -> RebaseResult:
-    from . import export
-
     start = start if start is not None else time.monotonic()
     t0 = time.monotonic()
     worktree = Path(st["worktree"])
@@ -716,23 +715,23 @@ def _commit(ctx: Context, st: dict, start: float | None = None) -> RebaseResult:
                                f"`kvforge rebase -t {st['target']} --abort` and start again", EXIT_USAGE)
         st["target_text"] = _new_target_text(st, ctx)
         st["phase"] = "committing"
-        staged = _stage(ctx, st, patches)
-        st["new_series_digest"] = _dir_digest(staged)
-        _save_state(ctx, st)  # the commit point: from here on, every run finishes this
-        crashpoint("rebase:commit-staged")
-    with export._locked(dest, ctx.say):
-        if _dir_digest(dest) == st["new_series_digest"]:
-            export._recover(dest, ctx.say)  # swapped before a kill: the old contents left beside it go
-        else:
-            new = export._sibling(dest, "new")
-            if not (new.is_dir() and _dir_digest(new) == st["new_series_digest"]):
-                export._recover(dest, ctx.say)
-                _stage_locked(ctx, st, patches, dest)
-            old = export._swap(new, dest)
-            export._fsync_dir(dest.parent)
-            crashpoint("rebase:series-swapped")
-            if old is not None:
-                export._retire(dest, old)
+        with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory) as tx:
+            staged = _stage(tx, st, patches)
+            st["new_series_digest"] = _dir_digest(staged)
+            _save_state(ctx, st)  # the commit point: from here on, every run finishes this
+            crashpoint("rebase:commit-staged")
+            tx.commit()
+    else:
+        with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, recover=False) as tx:
+            if _dir_digest(dest) == st["new_series_digest"]:
+                tx.recover()  # swapped before a kill: the old contents left beside it go
+            else:
+                staged = tx.staged()
+                if not (staged is not None and _dir_digest(staged) == st["new_series_digest"]):
+                    tx.recover()
+                    _stage(tx, st, patches)
+                tx.commit()
+    crashpoint("rebase:series-swapped")
     if not target_file.is_file() or target_file.read_text(encoding="utf-8") != st["target_text"]:
         atomic_write_text(target_file, st["target_text"])
     crashpoint("rebase:target-written")
@@ -747,21 +746,9 @@ def _commit(ctx: Context, st: dict, start: float | None = None) -> RebaseResult:
     return result
 
 
-def _stage(ctx: Context, st: dict, patches: list[PatchResult]) -> Path:
-    from . import export
-
-    dest = Path(st["series_dir"])
-    with export._locked(dest, ctx.say):
-        export._recover(dest, ctx.say)
-        return _stage_locked(ctx, st, patches, dest)
-
-
-def _stage_locked(ctx: Context, st: dict, patches: list[PatchResult], dest: Path) -> Path:
-    """The complete new series directory at export's `.D.kvforge-new` (linted); the caller holds the lock."""
-    import uuid
-
-    from . import export
-
+def _stage(tx: seriesdir.Transaction, st: dict, patches: list[PatchResult]) -> Path:
+    """The complete new series directory staged by `tx` (linted): the carried commits, the series file, the
+    ledger with this rebase's drops appended, and the old directory's other files."""
     repo = Path(st["repo"])  # the worktree's commits are in its repository (it may never have been made)
     carried = [p for p in patches if p.verdict == "carried"]
     shas = gitutil.run(repo, "rev-list", "--reverse", f"{st['new_base']}..{st['head']}").stdout.split()
@@ -770,11 +757,12 @@ def _stage_locked(ctx: Context, st: dict, patches: list[PatchResult], dest: Path
                            f"carried {len(carried)} patches; nothing was written (--abort and start again)",
                            EXIT_USAGE)
     what = f"rebase of {st['target']} onto {st['onto_ref']}"
-    commits = [export._commit(repo, sha, what) for sha in shas]
+    commits = [read_commit(repo, sha, what) for sha in shas]
     names = [p.name for p in carried]
     old_dir = Path(st["old_series_dir"])
-    listing = export._read_listing(old_dir)
-    series_bytes = export._series_text(listing, names, {n: n for n in names}).encode("utf-8")
+    listing = seriesdir.read_listing(old_dir)
+    files = {name: c.raw for c, name in zip(commits, names)}
+    files[seriesdir.SERIES_FILE] = seriesdir.listing_text(listing, names, {n: n for n in names}).encode("utf-8")
     entries = ledger.load(old_dir)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for p in patches:
@@ -782,35 +770,12 @@ def _stage_locked(ctx: Context, st: dict, patches: list[PatchResult], dest: Path
             entries.append(ledger.Entry(file=p.name, fix_id=p.fix_id, decision=p.verdict, signals=p.signals,
                                         dropped_at=when, onto_version=st.get("onto_version"),
                                         onto_ref=st["onto_ref"], base_commit=st["new_base"], reason=p.reason))
-    managed = set(listing.names if listing else []) | {"series", ledger.FILENAME}
+    if entries:
+        files[ledger.FILENAME] = ledger.render(entries).encode("utf-8")
+    managed = set(listing.names if listing else []) | {seriesdir.SERIES_FILE, ledger.FILENAME}
     kept = sorted(q.name for q in old_dir.iterdir() if q.name not in managed) if old_dir.is_dir() else []
-    tmp = export._sibling(dest, f"tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    made = export._make_parents(dest.parent)
-    try:
-        os.mkdir(tmp)
-        for c, name in zip(commits, names):
-            export._write_file(tmp / name, c.raw)
-        export._write_file(tmp / "series", series_bytes)
-        if entries:
-            export._write_file(tmp / ledger.FILENAME, ledger.render(entries).encode("utf-8"))
-        for name in kept:
-            export._copy_entry(old_dir / name, tmp / name)
-        export._fsync_dir(tmp)
-        export._lint(tmp, dest, dict(zip(names, commits)))
-        new = export._sibling(dest, "new")
-        if new.exists():
-            export._retire(dest, new)
-        os.rename(tmp, new)
-        export._fsync_dir(dest.parent)
-    except BaseException:
-        export._discard(tmp)
-        for d in reversed(made):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
-        raise
-    return new
+    return tx.stage(files, keep=kept, keep_from=old_dir,
+                    blame={name: c.blame for c, name in zip(commits, names)})
 
 
 def _release_worktree(worktree: Path) -> None:

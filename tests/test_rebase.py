@@ -23,6 +23,7 @@ from helpers import CORE, FILES, git
 from kvforge import ledger
 from kvforge.cli import main
 from kvforge.series import read_series
+from kvforge.seriesdir import CRASH_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIGKILLED = -9
@@ -33,11 +34,13 @@ def kvforge(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def run_kvforge(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess:
+def run_kvforge(*args: str, crash_at: str | None = None, swap: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ}
     env.pop("KVFORGE_CRASH_AT", None)
     if crash_at:
         env["KVFORGE_CRASH_AT"] = crash_at
+    if swap:
+        env["KVFORGE_EXPORT_SWAP"] = swap
     return subprocess.run([sys.executable, "-c", "from kvforge.cli import main; main()", *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -231,6 +234,44 @@ def test_kill_inside_the_commit_step_is_finished_by_the_next_run(fake):
     assert done.exit_code == 0, done.output
     assert 'ref = "v2"' in (fake.root / "targets" / "fake.toml").read_text()
     assert len(ledger.load(fake.root / "patches" / "fake")) == 1
+    assert not state_dir(fake).exists()
+    assert not [p for p in (fake.root / "patches").iterdir() if p.name.startswith(".")]
+
+
+def files_of(d: Path) -> dict[str, bytes] | None:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else None
+
+
+# The commit step replaces patches/<target> through seriesdir's transaction, as export does: a SIGKILL at
+# each of its steps (both swaps) leaves the old or the complete new series, and the next run finishes it.
+@pytest.mark.parametrize("step,swap", [(step, swap) for swap in ("exchange", "rename") for step in CRASH_STEPS
+                                       if not (swap == "exchange" and step == "swap-aside")])
+def test_sigkill_in_the_commit_at_every_seriesdir_step(fake, step, swap):
+    fake_series(fake)
+    tag_v2(fake)
+    d = fake.root / "patches" / "fake"
+    old = files_of(d)
+    killed = run_kvforge("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream),
+                         crash_at=f"rebase:{step}", swap=swap)
+    assert killed.returncode == SIGKILLED, killed.stderr
+
+    def is_new(files: dict[str, bytes] | None) -> bool:
+        return (files is not None and sorted(files) == ["0002-triple.patch", "dropped.toml", "series"]
+                and files["series"] == b"0002-triple.patch\n")
+
+    after = files_of(d)
+    if step == "swap-aside":  # the fallback's one window: both complete versions beside the missing directory
+        assert after is None
+        assert files_of(d.parent / ".fake.kvforge-old") == old and is_new(files_of(d.parent / ".fake.kvforge-new"))
+    elif CRASH_STEPS.index(step) < CRASH_STEPS.index("swapped"):
+        assert after == old, step
+    else:
+        assert is_new(after), step
+    assert 'ref = "v1"' in (fake.root / "targets" / "fake.toml").read_text()
+    done = kvforge("rebase", "-t", "fake", "--continue")
+    assert done.exit_code == 0, done.output
+    assert is_new(files_of(d)) and 'ref = "v2"' in (fake.root / "targets" / "fake.toml").read_text()
+    assert [(e.file, e.decision) for e in ledger.load(d)] == [("0001-clamp-hi.patch", "upstream")]
     assert not state_dir(fake).exists()
     assert not [p for p in (fake.root / "patches").iterdir() if p.name.startswith(".")]
 
