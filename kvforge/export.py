@@ -132,7 +132,7 @@ def export_target(ctx, out: Path | None = None, renumber: bool = False) -> Expor
     dest = Path(out).expanduser().resolve() if out else Path(ctx.component.series_dir).resolve()
     if dest.exists() and not dest.is_dir():
         raise KvforgeError(f"{display_path(dest)} is not a directory", EXIT_USAGE)
-    with seriesdir.transaction(dest, ctx.say, crash="export", lint=lint_directory) as tx:
+    with seriesdir.transaction(dest, ctx.say, crash="export", lint=lint_directory, show=display_path) as tx:
         return _export_locked(ctx, tx, commits, renumber, repo, head, base.commit, what)
 
 

@@ -24,7 +24,7 @@ from .apply import apply_target
 from .context import Context
 from .engine import AM_OPTS, am_in_progress, diagnose
 from .errors import EXIT_USAGE, KvforgeError
-from .rebase import drop_depends_on
+from .rebase.steps import drop_depends_on
 from .series import Patch, read_series
 from .targets import known_targets, load_target
 

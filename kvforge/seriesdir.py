@@ -46,7 +46,6 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .fsutil import crashpoint, file_lock
-from .targets import display_path
 
 # Step boundaries where $KVFORGE_CRASH_AT=<caller>:<step> kills a transaction (tests); "swap-aside" is the
 # fallback's. "locked" fires on entering the transaction, "staging".."ready" in stage, the rest in commit.
@@ -157,6 +156,7 @@ class Problem(Protocol):
 
 Lint = Callable[[Path], Sequence[Problem]]
 Say = Callable[[str], None]
+Show = Callable[[Path], str]  # how messages show a path (targets.display_path; not imported: no cycle)
 
 
 def sibling(dest: Path, what: str) -> Path:
@@ -167,9 +167,10 @@ def sibling(dest: Path, what: str) -> Path:
 class Transaction:
     """One replacement of a series directory; made by `transaction`, which holds the lock."""
 
-    def __init__(self, dest: Path, say: Say, crash: str, lint: Lint):
+    def __init__(self, dest: Path, say: Say, crash: str, lint: Lint, show: Show):
         self.dest = dest
         self.say = say
+        self.show = show
         self.crash = crash
         self.lint = lint
         self.new = sibling(dest, "new")
@@ -179,7 +180,7 @@ class Transaction:
 
     def recover(self) -> None:
         """Finish or undo a transaction that was killed, delete leftovers (the lock is held)."""
-        _recover(self.dest, self.say)
+        _recover(self.dest, self.say, self.show)
 
     def staged(self) -> Path | None:
         """The complete new series an earlier, killed transaction left at .D.kvforge-new (before recover)."""
@@ -220,7 +221,7 @@ class Transaction:
                 except OSError:
                     pass
             if isinstance(exc, OSError):
-                raise cannot_write(dest, exc) from None
+                raise cannot_write(dest, exc, self.show) from None
             raise
         self._crashpoint("staged")
         try:
@@ -230,7 +231,7 @@ class Transaction:
             fsync_dir(dest.parent)
         except OSError as exc:
             _discard(tmp)
-            raise cannot_write(dest, exc) from None
+            raise cannot_write(dest, exc, self.show) from None
         self._crashpoint("ready")
         return self.new
 
@@ -242,14 +243,14 @@ class Transaction:
         except OSError as exc:
             if self.new.exists():
                 _retire(dest, self.new)
-            raise cannot_write(dest, exc) from None
+            raise cannot_write(dest, exc, self.show) from None
         fsync_dir(dest.parent)
         self._crashpoint("swapped")
         if old is None:
             self._crashpoint("cleanup")
         else:
             _retire(dest, old, crash_step=f"{self.crash}:cleanup")
-        _recover(dest, self.say)  # an .old a killed fallback swap left beside D, when D was missing
+        _recover(dest, self.say, self.show)  # an .old a killed fallback swap left beside D, when D was missing
         self._crashpoint("done")
 
     def _check(self, tmp: Path, blame: Mapping[str, str]) -> None:
@@ -257,27 +258,28 @@ class Transaction:
         if not problems:
             return
         first = problems[0]
-        where = display_path(self.dest / first.path.name) + (f":{first.line}" if first.line else "")
+        where = self.show(self.dest / first.path.name) + (f":{first.line}" if first.line else "")
         whose = blame.get(first.path.name, "")
         more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
         raise KvforgeError(f"export refused, nothing written: {where}: {first.message}{whose}{more}", EXIT_USAGE)
 
 
 @contextmanager
-def transaction(dest: Path, say: Say, *, crash: str, lint: Lint, recover: bool = True) -> Iterator[Transaction]:
+def transaction(dest: Path, say: Say, *, crash: str, lint: Lint, show: Show = str,
+                recover: bool = True) -> Iterator[Transaction]:
     """Lock D's parent, recover (unless `recover` is False: the caller inspects `staged()` first), and
     yield the transaction; crashpoint "<crash>:locked" fires once it is ready."""
-    with locked(dest, say):
-        tx = Transaction(dest, say, crash, lint)
+    with locked(dest, say, show):
+        tx = Transaction(dest, say, crash, lint, show)
         if recover:
             tx.recover()
         tx._crashpoint("locked")
         yield tx
 
 
-def cannot_write(dest: Path, exc: OSError) -> KvforgeError:
+def cannot_write(dest: Path, exc: OSError, show: Show = str) -> KvforgeError:
     where = exc.filename or dest
-    return KvforgeError(f"cannot write the series {display_path(dest)} ({where}): {exc.strerror or exc}; "
+    return KvforgeError(f"cannot write the series {show(dest)} ({where}): {exc.strerror or exc}; "
                         "nothing was changed", EXIT_ENV)
 
 
@@ -389,7 +391,7 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 @contextmanager
-def locked(dest: Path, say: Say) -> Iterator[None]:
+def locked(dest: Path, say: Say, show: Show = str) -> Iterator[None]:
     """One transaction (or recovery) of `dest` at a time: flock on its parent directory."""
     probe = dest.parent
     while not probe.exists():  # a new --out: lock the nearest existing ancestor
@@ -397,26 +399,26 @@ def locked(dest: Path, say: Say) -> Iterator[None]:
     try:
         fd = os.open(probe, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
-        raise cannot_write(dest, exc) from None
+        raise cannot_write(dest, exc, show) from None
     try:
         flocked = True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            say(f"waiting for another kvforge that is exporting into {display_path(probe)}")
+            say(f"waiting for another kvforge that is exporting into {show(probe)}")
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:  # no flock on a directory here (NFS): a lock file beside the series instead
             flocked = False
         if flocked:
             yield
         else:
-            with file_lock(probe / f".{dest.name}.kvforge.lock", say, display_path(dest)):
+            with file_lock(probe / f".{dest.name}.kvforge.lock", say, show(dest)):
                 yield
     finally:
         os.close(fd)  # releases the lock
 
 
-def _recover(dest: Path, say: Say = lambda _m: None) -> None:
+def _recover(dest: Path, say: Say, show: Show) -> None:
     parent = dest.parent
     if not parent.is_dir():
         return
@@ -426,7 +428,7 @@ def _recover(dest: Path, say: Say = lambda _m: None) -> None:
             if staged.is_dir():
                 os.rename(staged, dest)
                 fsync_dir(parent)
-                say(f"{display_path(dest)}: {how} an export that was interrupted while swapping the series in")
+                say(f"{show(dest)}: {how} an export that was interrupted while swapping the series in")
                 break
     for name in sorted(os.listdir(parent)):
         if name.startswith(f".{dest.name}.kvforge-"):
@@ -443,12 +445,16 @@ def _retire(dest: Path, path: Path, crash_step: str | None = None) -> None:
     _discard(path, crash_step)
 
 
-def recover(directory: Path) -> None:
+def recover(directory: Path, show: Show = str) -> None:
     """Finish or undo a transaction that was killed (see the module docstring); cheap when there is nothing
     to do. For readers of a series: only needed when `directory` is missing (the fallback's window)."""
     directory = Path(directory).resolve()
     parent = directory.parent
     if not parent.is_dir() or not any(n.startswith(f".{directory.name}.kvforge-") for n in os.listdir(parent)):
         return
-    with locked(directory, lambda _m: None):
-        _recover(directory)
+    with locked(directory, _quiet, show):
+        _recover(directory, _quiet, show)
+
+
+def _quiet(_message: str) -> None:
+    pass

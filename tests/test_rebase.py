@@ -276,6 +276,38 @@ def test_sigkill_in_the_commit_at_every_seriesdir_step(fake, step, swap):
     assert not [p for p in (fake.root / "patches").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.parametrize("forge", ["verdict", "position-type", "position-range", "missing-key", "unknown-key",
+                                   "signal", "stop-kind"])
+def test_a_malformed_or_forged_state_is_one_line_exit_2(fake, forge):
+    fake_series(fake, conflict=True)
+    tag_v2(fake)
+    assert kvforge("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream)).exit_code == 3
+    path = state_dir(fake) / "state.json"
+    good = json.loads(path.read_text())
+    data = json.loads(path.read_text())
+    if forge == "verdict":
+        data["steps"][0]["verdict"] = "maybe"
+    elif forge == "position-type":
+        data["position"] = "2"
+    elif forge == "position-range":
+        data["position"] = 7
+    elif forge == "missing-key":
+        del data["plan"]["repo"]
+    elif forge == "unknown-key":
+        data["plan"]["extra"] = 1
+    elif forge == "signal":
+        data["steps"][1]["signals"][0] = {"fired": True}
+    else:
+        data["stopped"]["kind"] = "boom"
+    path.write_text(json.dumps(data))
+    for action in ("--continue", "--skip"):
+        r = kvforge("rebase", "-t", "fake", action)
+        assert r.exit_code == 2, r.output
+        assert "malformed rebase state" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    path.write_text(json.dumps(good))
+    assert kvforge("rebase", "-t", "fake", "--skip").exit_code == 0  # the good state still works
+
+
 def test_as_new_target_leaves_the_old_one_untouched(fake):
     fake_series(fake)
     tag_v2(fake)
@@ -293,7 +325,7 @@ def test_as_new_target_leaves_the_old_one_untouched(fake):
 
 
 def test_retarget_text_keeps_comments_and_moves_release():
-    from kvforge.rebase import retarget_text
+    from kvforge.rebase.retarget import retarget_text
 
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
     out = retarget_text(text, 0, ref="v0.21.0", version="0.21.0", sha256="a" * 64, wheel=None, old_version="0.20.2",
