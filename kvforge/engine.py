@@ -155,6 +155,19 @@ def am_progress(output: str) -> list[str]:
     return statuses
 
 
+def am_one(worktree: Path, patch_path: Path, head: str | None) -> tuple[str, str | None, str]:
+    """`git am -3` one patch on `head` (the worktree's HEAD): (how, new commit or None, git am's output).
+    how: applied | applied (3-way) | no change | conflict (git am failed; it may be stopped in the tree)."""
+    res = gitutil.run(worktree, *AM_OPTS, str(patch_path), check=False)
+    out = res.stdout + "\n" + res.stderr
+    if res.returncode != 0:
+        return "conflict", None, out
+    now = gitutil.rev_parse(worktree, "HEAD")
+    if now == head:
+        return "no change", None, out
+    return ("applied (3-way)" if "applied (3-way)" in am_progress(out) else "applied"), now, out
+
+
 def am_in_progress(worktree: Path) -> bool:
     path = gitutil.run(worktree, "rev-parse", "--git-path", "rebase-apply").stdout.strip()
     return (worktree / path).exists() if not os.path.isabs(path) else Path(path).exists()
@@ -222,7 +235,7 @@ def check_link_paths(worktree: Path, patches: list[Patch]) -> None:
 
 
 
-def own_objects(worktree: Path, env: dict) -> None:
+def own_objects(worktree: Path, env: dict[str, str] | None) -> None:
     """Make a repository that borrowed objects self-contained: pack everything its refs, HEAD and
     index (a stopped merge's stages too) reach, the borrowed objects included."""
     gitutil.run(worktree, "repack", "-a", "-d", "-q", env=env)

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import gitutil, upstream
 from ..bases import Base
 from ..context import Context
-from ..engine import AM_OPTS, am_in_progress, am_progress, diagnose, ensure_worktree
+from ..engine import AM_OPTS, am_in_progress, am_one, am_progress, diagnose, ensure_worktree
 from ..errors import EXIT_APPLY, EXIT_ENV, KvforgeError
 from ..fsutil import crashpoint
 from ..series import Patch, parse_patch
@@ -139,19 +139,6 @@ def _fix_depends_on(st: State, i: int) -> None:
                         "rebase: the new base has it, or it was skipped)")
 
 
-def _am_one(worktree: Path, patch_path: Path, head: str) -> tuple[str, str | None, str]:
-    """`git am -3` one patch: (how, new commit or None, output). how: applied | applied (3-way) |
-    no change | conflict."""
-    res = gitutil.run(worktree, *AM_OPTS, str(patch_path), check=False)
-    out = res.stdout + "\n" + res.stderr
-    if res.returncode != 0:
-        return "conflict", None, out
-    now = gitutil.rev_parse(worktree, "HEAD")
-    if now == head:
-        return "no change", None, out
-    return ("applied (3-way)" if "applied (3-way)" in am_progress(out) else "applied"), now, out
-
-
 def _am_run(ctx: Context, st: State) -> bool:
     """Apply the run of carried patches from st.position with ONE `git am -3` (the cost of plain git);
     patches the signals drop inside the run are left out. Stops short of a patch that conflicts or
@@ -213,7 +200,7 @@ def apply_steps(ctx: Context, st: State) -> bool:
             continue  # a run of carried patches applied in one `git am`; st.position moved past it
         ctx.say(f"applying {p.name}")
         _fix_depends_on(st, i)
-        how, commit, out = _am_one(worktree, st.patch_copy(p.name), st.head)
+        how, commit, out = am_one(worktree, st.patch_copy(p.name), st.head)
         crashpoint("rebase:patch-applied")
         p.how = how
         stop = None
