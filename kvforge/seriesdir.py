@@ -128,12 +128,12 @@ def listing_text(ref: Listing | None, names: list[str], old_name_of: dict[str, s
             carry = carry + e.before
     lines = list(ref.header)
     for name in names:
-        e = entry_of.get(old_name_of.get(name, ""))
-        if e is None:
+        kept = entry_of.get(old_name_of.get(name, ""))
+        if kept is None:
             lines.append(name)
             continue
-        lines += e.before
-        lines.append(e.line if e.name == name else e.line.replace(e.name, name, 1))
+        lines += kept.before
+        lines.append(kept.line if kept.name == name else kept.line.replace(kept.name, name, 1))
     lines += carry + ref.trailer
     return "".join(f"{ln}\n" for ln in lines)
 

@@ -442,3 +442,21 @@ def test_real_upstream_commits_are_all_found_upstream(real_project, session_cach
         [(p["name"], p["verdict"], p["reason"]) for p in data["patches"]]
     assert all("reverse-apply" in p["fired"] for p in data["patches"])  # not on Drop-When alone
     assert data["range_diff"].count(" < -:  ------- ") == 15
+
+
+def test_results_are_outcomes():
+    from kvforge.outcome import Outcome
+    from kvforge.rebase.result import Aborted, RebaseResult
+    from kvforge.rebase.state import Step, Verdict
+
+    a = Aborted("t", "rebase of t/vllm aborted: patches/ and targets/ are as they were")
+    assert isinstance(a, Outcome) and a.exit_code == 0 and a.error is None and a.render() == a.message
+    assert a.to_json() == {"target": "t", "state": "aborted", "message": a.message}
+    r = RebaseResult("t", "vllm", "t", None, "v2", "a" * 40, "b" * 40, None, "git", "stopped",
+                     [Step("0001-p.patch", "p", Verdict.CONFLICT)], message="0001-p.patch does not apply")
+    assert isinstance(r, Outcome) and r.exit_code == 3 and r.error == r.message
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["error"] == r.message and data["exit"] == 3 and data["patches"][0]["verdict"] == "conflict"
+    assert "stopped: t -> t onto v2" in r.render()
+    r.state = "done"
+    assert r.exit_code == 0 and r.error is None and "error" not in r.to_json()

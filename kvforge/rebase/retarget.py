@@ -45,7 +45,8 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
     section, comp = "", -1
     dropping = False
     release_has_sha = False
-    version_changes = version is not None and version != old_version
+    new_version = version if version is not None and version != old_version else None
+    version_changes = new_version is not None
 
     def put(line: str, key: str, value: str) -> str:
         m = STRING_RE.match(line.rstrip("\n"))
@@ -71,15 +72,15 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
         key = m.group(2) if m else None
         if section == "" and key == "name" and name:
             line = put(line, "name", name)
-        elif section == "" and key == "description" and version_changes:
-            line = put(line, "description", m.group(4).replace(old_version, version))
+        elif section == "" and key == "description" and new_version is not None and m is not None:
+            line = put(line, "description", m.group(4).replace(old_version, new_version))
         elif section == "components" and comp == comp_index and key == "ref":
             line = put(line, "ref", ref)
         elif section == "components" and comp == comp_index and key == "series" and series:
             line = put(line, "series", series)
         elif section == "components.release" and comp == comp_index and version_changes:
-            if key == "version":
-                line = put(line, "version", version)
+            if key == "version" and new_version is not None:
+                line = put(line, "version", new_version)
             elif key == "sha256":
                 release_has_sha = True
                 if sha256:
