@@ -75,15 +75,16 @@ def remove_worktree(repo: Path, path: Path) -> None:
     gitutil.run(repo, "worktree", "prune", check=False)
 
 
-def worktree_of(repo: Path, branch: str) -> str | None:
-    out = gitutil.run(repo, "worktree", "list", "--porcelain", check=False).stdout
-    current = None
-    for line in out.splitlines():
-        if line.startswith("worktree "):
-            current = line[len("worktree "):]
-        elif line == f"branch refs/heads/{branch}":
-            return current
-    return None
+def ensure_worktree(repo: Path, path: Path, commit: str) -> bool:
+    """Reuse `path` when it is a registered worktree of `repo` (a `git am` an earlier run left stopped
+    in it is aborted) and return True; otherwise make it afresh at `commit` and return False."""
+    listed = gitutil.run(repo, "worktree", "list", "--porcelain", check=False).stdout
+    if (path / ".git").exists() and f"worktree {path}\n" in listed + "\n":
+        if am_in_progress(path):
+            gitutil.run(path, "am", "--abort", check=False)
+        return True
+    add_worktree(repo, path, commit)
+    return False
 
 
 def am_series(worktree: Path, patches: list[Patch], base_commit: str,
@@ -128,20 +129,43 @@ def am_series(worktree: Path, patches: list[Patch], base_commit: str,
 
 def _record(output: str, patches: list[Patch], outcomes: list[PatchOutcome], position: int, worktree: Path) -> int:
     """Mark outcomes from git am's output; return the index of the patch am stopped at (or the end)."""
-    current = position - 1
-    for line in output.splitlines():
-        if line.startswith("Applying: "):
-            current += 1
-            outcomes[current].status = "applied"
-        elif line.startswith("Falling back to patching base and 3-way merge") and current >= position:
-            outcomes[current].status = "applied (3-way)"
-        elif "Patch already applied" in line and current >= position:
-            outcomes[current].status = "in base"
-            outcomes[current].detail = "3-way merge found no change: already in the tree"
+    statuses = am_progress(output)
+    for k, status in enumerate(statuses):
+        o = outcomes[position + k]
+        if status == "no change":
+            o.status, o.detail = "in base", "3-way merge found no change: already in the tree"
+        else:
+            o.status = status
     stopped = am_in_progress(worktree)
     if stopped:
-        return max(current, position)
+        return max(position + len(statuses) - 1, position)
     return len(patches)
+
+
+def am_progress(output: str) -> list[str]:
+    """What `git am` said of each patch it began, in order: applied | applied (3-way) | no change."""
+    statuses: list[str] = []
+    for line in output.splitlines():
+        if line.startswith("Applying: "):
+            statuses.append("applied")
+        elif line.startswith("Falling back to patching base and 3-way merge") and statuses:
+            statuses[-1] = "applied (3-way)"
+        elif ("Patch already applied" in line or line.startswith("No changes")) and statuses:
+            statuses[-1] = "no change"
+    return statuses
+
+
+def am_one(worktree: Path, patch_path: Path, head: str | None) -> tuple[str, str | None, str]:
+    """`git am -3` one patch on `head` (the worktree's HEAD): (how, new commit or None, git am's output).
+    how: applied | applied (3-way) | no change | conflict (git am failed; it may be stopped in the tree)."""
+    res = gitutil.run(worktree, *AM_OPTS, str(patch_path), check=False)
+    out = res.stdout + "\n" + res.stderr
+    if res.returncode != 0:
+        return "conflict", None, out
+    now = gitutil.rev_parse(worktree, "HEAD")
+    if now == head:
+        return "no change", None, out
+    return ("applied (3-way)" if "applied (3-way)" in am_progress(out) else "applied"), now, out
 
 
 def am_in_progress(worktree: Path) -> bool:
@@ -211,7 +235,7 @@ def check_link_paths(worktree: Path, patches: list[Patch]) -> None:
 
 
 
-def own_objects(worktree: Path, env: dict) -> None:
+def own_objects(worktree: Path, env: dict[str, str] | None) -> None:
     """Make a repository that borrowed objects self-contained: pack everything its refs, HEAD and
     index (a stopped merge's stages too) reach, the borrowed objects included."""
     gitutil.run(worktree, "repack", "-a", "-d", "-q", env=env)

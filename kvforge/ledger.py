@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EXIT_USAGE, KvforgeError
@@ -105,14 +105,3 @@ def render(entries: list[Entry]) -> str:
             out.append("signals = []\n")
     return "".join(out)
 
-
-@dataclass
-class Ledger:
-    """Entries being added by one rebase, on top of what the series already recorded."""
-
-    old: list[Entry] = field(default_factory=list)
-    new: list[Entry] = field(default_factory=list)
-
-    def text(self) -> str | None:
-        entries = self.old + self.new
-        return render(entries) if entries else None

@@ -18,19 +18,23 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from . import gitutil
 from .apply import apply_target
 from .context import Context
-from .engine import AM_OPTS, am_in_progress, diagnose
-from .errors import EXIT_USAGE, KvforgeError
-from .rebase import drop_depends_on
+from .engine import am_in_progress, am_one, diagnose
+from .errors import EXIT_APPLY, EXIT_USAGE, KvforgeError
+from .rebase.steps import drop_depends_on
 from .series import Patch, read_series
 from .targets import known_targets, load_target
+from .trees import open_stack
 
 
 @dataclass
 class PortResult:
+    """An Outcome (kvforge.outcome): exit code 3 when the variant conflicts (the tree is left at the conflict)."""
+
     fix_id: str
     source_target: str
     source_patch: str
@@ -44,8 +48,28 @@ class PortResult:
     notes: list[str] = field(default_factory=list)
     next_steps: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    @property
+    def exit_code(self) -> int:
+        return EXIT_APPLY if self.status == "conflict" else 0
+
+    @property
+    def error(self) -> str | None:
+        if self.status != "conflict":
+            return None
+        return f"{self.source_patch} conflicts on {self.target}: {self.detail}; resolve it in {self.tree}"
+
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def render(self) -> str:
+        out = [f"{self.fix_id}: {self.source_patch} from {self.source_target} onto {self.target}: {self.status}"
+               + (f" ({self.detail})" if self.detail else ""),
+               f"tree: {self.tree} (branch {self.branch})"]
+        if self.conflicts:
+            out.append("conflicts: " + ", ".join(self.conflicts))
+        out += [f"note: {note}" for note in self.notes]
+        out += [f"  next: {step}" for step in self.next_steps]
+        return "\n".join(out)
 
 
 def find_variant(fix_id: str, to_target: str, from_target: str | None) -> tuple[str, Patch]:
@@ -106,8 +130,6 @@ def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path |
     # three-way fallback.
     # A patch's preimages are the files as the patches before it left them: they exist in the source
     # target's stack (kvforge.trees), built here if the cache does not have it yet.
-    from .trees import open_stack
-
     source_ctx = Context(ctx.cache, source_target, source_comp, progress=ctx.progress)
     source_stack = open_stack(source_ctx)
     n = copy_preimages(patch, source_stack.base.repo, dest)
@@ -120,20 +142,18 @@ def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path |
         copy = Path(tmp) / patch.name
         copy.write_bytes(patch.raw)
         dropped = drop_depends_on(copy, in_base)
-        res = gitutil.run(dest, *AM_OPTS, str(copy), check=False)
+        how, commit, out = am_one(dest, copy, head)
     missing = [d for d in patch.depends_on if d not in in_base and d not in carried]
-    out = res.stdout + "\n" + res.stderr
     result = PortResult(fix_id, source_name, patch.name, ctx.target.name, str(dest), made.branch, "applied")
     result.notes += [f"Depends-On: {d} removed: {ctx.label} has it in its base (in_base)" for d in dropped]
     result.notes += [f"Depends-On: {d}: {ctx.label} neither carries nor has it in base; port it first" for d in missing]
     t = ctx.target.name
-    if res.returncode == 0:
-        now = gitutil.rev_parse(dest, "HEAD")
-        if now == head:
-            result.status, result.detail = "in base", "applying it changes nothing: the target already has this change"
-            return result
-        result.commit = now
-        result.status = "applied (3-way)" if "Falling back to patching base and 3-way merge" in out else "applied"
+    if how == "no change":
+        result.status, result.detail = "in base", "applying it changes nothing: the target already has this change"
+        return result
+    if how != "conflict":
+        result.commit = commit
+        result.status = how
         result.next_steps = [f"kvforge verify -t {t} --from {dest}", f"kvforge export -t {t} --from {dest}"]
         return result
     if not am_in_progress(dest):
@@ -147,13 +167,6 @@ def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path |
     return result
 
 
-def render(result: PortResult, echo) -> None:
-    echo(f"{result.fix_id}: {result.source_patch} from {result.source_target} onto {result.target}: {result.status}"
-         + (f" ({result.detail})" if result.detail else ""))
-    echo(f"tree: {result.tree} (branch {result.branch})")
-    if result.conflicts:
-        echo("conflicts: " + ", ".join(result.conflicts))
-    for note in result.notes:
-        echo(f"note: {note}")
-    for step in result.next_steps:
-        echo(f"  next: {step}")
+def render(result: PortResult, echo: Callable[[str], Any]) -> None:
+    """The text of `result`, through `echo` (the CLI's; PortResult.render is the same text)."""
+    echo(result.render())

@@ -2,7 +2,8 @@
 
 A patch is a `git format-patch` file whose commit message ends in git trailers (docs/patch-format.md).
 Parsing keeps line numbers so every complaint can name file and line. Nothing here writes patches:
-exports go through git itself (export.py), never through a re-serialising parser.
+exports go through git itself (export.py), never through a re-serialising parser. The `series` file's
+syntax (reading and writing it) is kvforge.seriesdir's; read_series lints what it lists.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path, PurePosixPath
 import unidiff
 
 from .errors import EXIT_ENV, KvforgeError
+from .seriesdir import parse_listing
 
 FIX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s?(.*)$")
@@ -24,7 +26,7 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 URL_RE = re.compile(r"^https?://\S+$")
 NODE_ID_RE = re.compile(r"^[\w./-]+\.py(::[^\s]+)?$")
 
-KINDS = ("fix", "refactor", "test")
+PATCH_KINDS = ("fix", "refactor", "test")
 # Upstream-Status value -> whether a bracketed detail is required.
 STATUSES = {
     "Pending": False,
@@ -269,8 +271,8 @@ def _check_trailers(patch: Patch, block_line: int, bad) -> None:
             continue
         if t.key == "Fix-Id" and not FIX_ID_RE.match(v):
             bad(t.line, f"Fix-Id {v!r} must be a lowercase slug (letters, digits, '-')")
-        elif t.key == "Kind" and v not in KINDS:
-            bad(t.line, f"Kind {v!r} is not one of {', '.join(KINDS)}")
+        elif t.key == "Kind" and v not in PATCH_KINDS:
+            bad(t.line, f"Kind {v!r} is not one of {', '.join(PATCH_KINDS)}")
         elif t.key == "Upstream-Status":
             _check_status(t, bad)
         elif t.key in ("Upstream-PR", "Bug") and not URL_RE.match(v):
@@ -381,10 +383,8 @@ def read_series(directory: Path) -> Series:
         problems.append(Problem(series_file, data.count(b"\n", 0, exc.start) + 1,
                                 f"not UTF-8 ({exc.reason} at byte {exc.start})"))
         return Series(directory=directory, patches=[], problems=problems)
-    for n, line in enumerate(text.splitlines(), 1):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
+    for entry in parse_listing(text).entries:
+        name, n = entry.name, entry.number
         if name in listed:
             problems.append(Problem(series_file, n, f"{name} is listed twice (first on line {listed[name]})"))
             continue
@@ -426,16 +426,6 @@ def load_clean_series(component) -> Series:
     return series
 
 
-def lint_targets(names=()) -> tuple[int, int, list[Problem]]:
-    """Lint the series of the named targets (all when none): (patches checked, targets, problems)."""
-    from .targets import load_all, load_target
-
-    targets = [load_target(n) for n in names] if names else load_all()
-    problems: list[Problem] = []
-    checked = 0
-    for t in targets:
-        for c in t.components:
-            s = read_series(c.series_dir)
-            checked += len(s.patches)
-            problems.extend(s.all_problems())
-    return checked, len(targets), problems
+def lint_directory(directory: Path) -> list[Problem]:
+    """Every problem lint finds in the series of `directory` (what seriesdir checks before a swap)."""
+    return read_series(directory).all_problems()

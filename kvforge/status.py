@@ -10,9 +10,16 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from .bases import ensure_base
+from .cache import Cache
+from .context import Progress
+from .errors import KvforgeError
+from .ledger import Entry
+from .ledger import load as load_ledger
 from .report import table
 from .series import read_series
 from .targets import Target
+from .upstream import NewBase, evaluate_drop_when, new_base_info
 
 
 @dataclass
@@ -22,11 +29,13 @@ class Cell:
 
 
 @dataclass
-class Matrix:
+class StatusTable:
+    """Fixes x (target, component) columns: each cell carried, in base or dropped; and the ledgers' drops."""
+
     columns: list[tuple[str, str]]  # (target, component), in target order
     order: list[str]  # fix ids, first seen first
     cells: dict[str, dict[tuple[str, str], Cell]] = field(default_factory=dict)
-    dropped: list[tuple[str, str, object]] = field(default_factory=list)  # (target, component, ledger.Entry)
+    dropped: list[tuple[str, str, Entry]] = field(default_factory=list)  # (target, component, ledger entry)
 
     def column_name(self, col: tuple[str, str]) -> str:
         """'v0.20.1' while every target has one component; 'v0.20.2rc/vllm-ascend' where it matters."""
@@ -39,10 +48,8 @@ class Matrix:
                 "dropped": [{"target": t, "component": c, **e.to_json()} for t, c, e in self.dropped]}
 
 
-def status_matrix(targets: list[Target]) -> Matrix:
-    from .ledger import load as load_ledger
-
-    m = Matrix(columns=[(t.name, c.name) for t in targets for c in t.components], order=[])
+def status_matrix(targets: list[Target]) -> StatusTable:
+    m = StatusTable(columns=[(t.name, c.name) for t in targets for c in t.components], order=[])
     for t in targets:
         for comp in t.components:
             col = (t.name, comp.name)
@@ -67,7 +74,7 @@ def status_matrix(targets: list[Target]) -> Matrix:
     return m
 
 
-def render_status(m: Matrix) -> str:
+def render_status(m: StatusTable) -> str:
     notes: list[str] = []
 
     def cell(fid: str, col) -> str:
@@ -122,18 +129,15 @@ class DropCheck:
         return self.fired is True
 
 
-def drop_check(targets: list[Target], cache, progress=None) -> list[DropCheck]:
+def drop_check(targets: list[Target], cache: Cache, progress: Progress | None = None) -> list[DropCheck]:
     """Every patch's Drop-When against its target's base (materialised into `cache` if needed)."""
-    from .bases import ensure_base
-    from .errors import KvforgeError
-    from .upstream import evaluate_drop_when, new_base_info
-
     out: list[DropCheck] = []
     for t in targets:
         for comp in t.components:
             patches = read_series(comp.series_dir).patches
             if not patches:
                 continue
+            nb: NewBase | None
             try:
                 base = ensure_base(comp, cache, "auto", progress=progress)
                 nb = new_base_info(base, comp)

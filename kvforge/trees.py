@@ -20,7 +20,7 @@ from . import gitutil
 from .bases import Base
 from .cache import REF_FROM, REF_STACKS
 from .context import Context, Progress
-from .engine import add_worktree, am_in_progress, am_series, format_patch
+from .engine import am_in_progress, am_series, ensure_worktree, format_patch
 from .errors import EXIT_USAGE, KvforgeError
 from .evidence import Key
 from .fsutil import atomic_write_text, crashpoint, file_lock
@@ -205,12 +205,7 @@ def _stack_from_rev(ctx: Context, from_rev: str) -> Stack:
 # ---------------------------------------------------------------- building from the series files
 
 def _ensure_worktree(base: Base, worktree: Path) -> None:
-    registered = gitutil.run(base.repo, "worktree", "list", "--porcelain", check=False).stdout
-    if worktree.is_dir() and f"worktree {worktree}\n" in registered + "\n" and (worktree / ".git").exists():
-        if am_in_progress(worktree):  # an earlier run died inside git am
-            gitutil.run(worktree, "am", "--abort", check=False)
-        return
-    add_worktree(base.repo, worktree, base.commit)
+    ensure_worktree(base.repo, worktree, base.commit)  # a git am an earlier run died inside is aborted
 
 
 def read_stack_refs(repo: Path, prefix: str, size: int) -> list[str] | None:

@@ -21,8 +21,8 @@ from helpers import git, trailers
 
 from kvforge.cli import main
 from kvforge.engine import format_patch
-from kvforge.export import CRASH_STEPS, _Listing, _read_listing, _series_text
 from kvforge.series import read_series
+from kvforge.seriesdir import CRASH_STEPS, Listing, exchange, listing_text, read_listing, recover
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL = "vllm/v1/core/block_pool.py"
@@ -483,9 +483,7 @@ def test_sigkill_into_a_new_out_dir_leaves_nothing_or_all(project, base_v0202, t
     assert proc.returncode == -9, proc.stderr
     assert not out.exists() if step != "swapped" else read_series(out).all_problems() == []
     # A reader's recovery: a staged series whose rename was cut off is moved into place (roll forward).
-    from kvforge.export import recover_series_dir
-
-    recover_series_dir(out)
+    recover(out)
     assert leftovers(out) == [] and (out.exists() == (step != "staging"))
     res = kvforge("export", "-t", "t", "--from", str(tree), "--out", str(out))
     assert res.exit_code == 0, res.output
@@ -494,37 +492,33 @@ def test_sigkill_into_a_new_out_dir_leaves_nothing_or_all(project, base_v0202, t
 
 
 def exchange_works(where: Path) -> bool:
-    from kvforge.export import _exchange
-
     a, b = where / "probe-a", where / "probe-b"
     a.mkdir(), b.mkdir()
     (a / "a").touch()
     try:
-        return _exchange(a, b) and (b / "a").exists()
+        return exchange(a, b) and (b / "a").exists()
     finally:
         shutil.rmtree(a), shutil.rmtree(b)
 
 
 def test_recover_series_dir_for_readers(tmp_path):
     """What a reader of a series calls: finishes an interrupted fallback swap, deletes leftovers."""
-    from kvforge.export import recover_series_dir
-
     d = tmp_path / "s"
     (tmp_path / ".s.kvforge-new").mkdir()
     (tmp_path / ".s.kvforge-new" / "series").write_text("new\n")
     (tmp_path / ".s.kvforge-old").mkdir()
     (tmp_path / ".s.kvforge-old" / "series").write_text("old\n")
     (tmp_path / ".s.kvforge-tmp-1-abc").mkdir()
-    recover_series_dir(d)
+    recover(d)
     assert (d / "series").read_text() == "new\n" and leftovers(d) == []
-    recover_series_dir(d)  # nothing to do
+    recover(d)  # nothing to do
     assert (d / "series").read_text() == "new\n"
     # Only the old one beside a missing directory (a swap that failed and could not be undone): put it back.
     shutil.rmtree(d)
     (tmp_path / ".s.kvforge-old").mkdir()
     (tmp_path / ".s.kvforge-old" / "series").write_text("old\n")
     (tmp_path / ".s.kvforge-trash-1-abc").mkdir()
-    recover_series_dir(d)
+    recover(d)
     assert (d / "series").read_text() == "old\n" and leftovers(d) == []
 
 
@@ -533,10 +527,10 @@ def test_recover_series_dir_for_readers(tmp_path):
 
 def test_series_text_keeps_header_and_entry_comments(tmp_path):
     (tmp_path / "series").write_text("# top\n\na.patch # on a\n# before b\nb.patch\n# before c\nc.patch\n# tail\n")
-    ref = _read_listing(tmp_path)
-    assert isinstance(ref, _Listing) and ref.names == ["a.patch", "b.patch", "c.patch"]
+    ref = read_listing(tmp_path)
+    assert isinstance(ref, Listing) and ref.names == ["a.patch", "b.patch", "c.patch"]
     # b removed (its comment moves to c), c renamed, d new.
-    text = _series_text(ref, ["a.patch", "0004-d.patch", "0003-c.patch"],
+    text = listing_text(ref, ["a.patch", "0004-d.patch", "0003-c.patch"],
                         {"a.patch": "a.patch", "0003-c.patch": "c.patch"})
     assert text == "# top\n\na.patch # on a\n0004-d.patch\n# before b\n# before c\n0003-c.patch\n# tail\n"
-    assert _series_text(None, ["x.patch"], {}) == "x.patch\n"
+    assert listing_text(None, ["x.patch"], {}) == "x.patch\n"

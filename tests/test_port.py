@@ -99,3 +99,17 @@ def test_port_refuses_what_the_target_has_or_nobody_carries(fake):
     assert r.exit_code == 2 and "already carries" in r.output
     r = kvforge("port", "nothing-like-it", "--to", "fake")
     assert r.exit_code == 2 and "carries a patch with Fix-Id" in r.output
+
+
+def test_port_result_is_an_outcome():
+    from kvforge.outcome import Outcome
+    from kvforge.port import PortResult
+
+    r = PortResult("fix", "v1", "0001-fix.patch", "main", "/tmp/tree", "kvforge/main", "conflict",
+                   detail="3-way merge conflict in a.py", conflicts=["a.py"])
+    assert isinstance(r, Outcome) and r.exit_code == 3
+    assert r.error == "0001-fix.patch conflicts on main: 3-way merge conflict in a.py; resolve it in /tmp/tree"
+    assert r.render().splitlines()[:3] == ["fix: 0001-fix.patch from v1 onto main: conflict (3-way merge conflict "
+                                           "in a.py)", "tree: /tmp/tree (branch kvforge/main)", "conflicts: a.py"]
+    r.status = "applied"
+    assert r.exit_code == 0 and r.error is None and "error" not in r.to_json()

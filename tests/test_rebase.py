@@ -23,6 +23,7 @@ from helpers import CORE, FILES, git
 from kvforge import ledger
 from kvforge.cli import main
 from kvforge.series import read_series
+from kvforge.seriesdir import CRASH_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIGKILLED = -9
@@ -33,11 +34,13 @@ def kvforge(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def run_kvforge(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess:
+def run_kvforge(*args: str, crash_at: str | None = None, swap: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ}
     env.pop("KVFORGE_CRASH_AT", None)
     if crash_at:
         env["KVFORGE_CRASH_AT"] = crash_at
+    if swap:
+        env["KVFORGE_EXPORT_SWAP"] = swap
     return subprocess.run([sys.executable, "-c", "from kvforge.cli import main; main()", *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -235,6 +238,76 @@ def test_kill_inside_the_commit_step_is_finished_by_the_next_run(fake):
     assert not [p for p in (fake.root / "patches").iterdir() if p.name.startswith(".")]
 
 
+def files_of(d: Path) -> dict[str, bytes] | None:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else None
+
+
+# The commit step replaces patches/<target> through seriesdir's transaction, as export does: a SIGKILL at
+# each of its steps (both swaps) leaves the old or the complete new series, and the next run finishes it.
+@pytest.mark.parametrize("step,swap", [(step, swap) for swap in ("exchange", "rename") for step in CRASH_STEPS
+                                       if not (swap == "exchange" and step == "swap-aside")])
+def test_sigkill_in_the_commit_at_every_seriesdir_step(fake, step, swap):
+    fake_series(fake)
+    tag_v2(fake)
+    d = fake.root / "patches" / "fake"
+    old = files_of(d)
+    killed = run_kvforge("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream),
+                         crash_at=f"rebase:{step}", swap=swap)
+    assert killed.returncode == SIGKILLED, killed.stderr
+
+    def is_new(files: dict[str, bytes] | None) -> bool:
+        return (files is not None and sorted(files) == ["0002-triple.patch", "dropped.toml", "series"]
+                and files["series"] == b"0002-triple.patch\n")
+
+    after = files_of(d)
+    if step == "swap-aside":  # the fallback's one window: both complete versions beside the missing directory
+        assert after is None
+        assert files_of(d.parent / ".fake.kvforge-old") == old and is_new(files_of(d.parent / ".fake.kvforge-new"))
+    elif CRASH_STEPS.index(step) < CRASH_STEPS.index("swapped"):
+        assert after == old, step
+    else:
+        assert is_new(after), step
+    assert 'ref = "v1"' in (fake.root / "targets" / "fake.toml").read_text()
+    done = kvforge("rebase", "-t", "fake", "--continue")
+    assert done.exit_code == 0, done.output
+    assert is_new(files_of(d)) and 'ref = "v2"' in (fake.root / "targets" / "fake.toml").read_text()
+    assert [(e.file, e.decision) for e in ledger.load(d)] == [("0001-clamp-hi.patch", "upstream")]
+    assert not state_dir(fake).exists()
+    assert not [p for p in (fake.root / "patches").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("forge", ["verdict", "position-type", "position-range", "missing-key", "unknown-key",
+                                   "signal", "stop-kind"])
+def test_a_malformed_or_forged_state_is_one_line_exit_2(fake, forge):
+    fake_series(fake, conflict=True)
+    tag_v2(fake)
+    assert kvforge("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream)).exit_code == 3
+    path = state_dir(fake) / "state.json"
+    good = json.loads(path.read_text())
+    data = json.loads(path.read_text())
+    if forge == "verdict":
+        data["steps"][0]["verdict"] = "maybe"
+    elif forge == "position-type":
+        data["position"] = "2"
+    elif forge == "position-range":
+        data["position"] = 7
+    elif forge == "missing-key":
+        del data["plan"]["repo"]
+    elif forge == "unknown-key":
+        data["plan"]["extra"] = 1
+    elif forge == "signal":
+        data["steps"][1]["signals"][0] = {"fired": True}
+    else:
+        data["stopped"]["kind"] = "boom"
+    path.write_text(json.dumps(data))
+    for action in ("--continue", "--skip"):
+        r = kvforge("rebase", "-t", "fake", action)
+        assert r.exit_code == 2, r.output
+        assert "malformed rebase state" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    path.write_text(json.dumps(good))
+    assert kvforge("rebase", "-t", "fake", "--skip").exit_code == 0  # the good state still works
+
+
 def test_as_new_target_leaves_the_old_one_untouched(fake):
     fake_series(fake)
     tag_v2(fake)
@@ -252,7 +325,7 @@ def test_as_new_target_leaves_the_old_one_untouched(fake):
 
 
 def test_retarget_text_keeps_comments_and_moves_release():
-    from kvforge.rebase import retarget_text
+    from kvforge.rebase.retarget import retarget_text
 
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
     out = retarget_text(text, 0, ref="v0.21.0", version="0.21.0", sha256="a" * 64, wheel=None, old_version="0.20.2",
@@ -369,3 +442,21 @@ def test_real_upstream_commits_are_all_found_upstream(real_project, session_cach
         [(p["name"], p["verdict"], p["reason"]) for p in data["patches"]]
     assert all("reverse-apply" in p["fired"] for p in data["patches"])  # not on Drop-When alone
     assert data["range_diff"].count(" < -:  ------- ") == 15
+
+
+def test_results_are_outcomes():
+    from kvforge.outcome import Outcome
+    from kvforge.rebase.result import Aborted, RebaseResult
+    from kvforge.rebase.state import Step, Verdict
+
+    a = Aborted("t", "rebase of t/vllm aborted: patches/ and targets/ are as they were")
+    assert isinstance(a, Outcome) and a.exit_code == 0 and a.error is None and a.render() == a.message
+    assert a.to_json() == {"target": "t", "state": "aborted", "message": a.message}
+    r = RebaseResult("t", "vllm", "t", None, "v2", "a" * 40, "b" * 40, None, "git", "stopped",
+                     [Step("0001-p.patch", "p", Verdict.CONFLICT)], message="0001-p.patch does not apply")
+    assert isinstance(r, Outcome) and r.exit_code == 3 and r.error == r.message
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["error"] == r.message and data["exit"] == 3 and data["patches"][0]["verdict"] == "conflict"
+    assert "stopped: t -> t onto v2" in r.render()
+    r.state = "done"
+    assert r.exit_code == 0 and r.error is None and "error" not in r.to_json()

@@ -1,0 +1,128 @@
+"""The rebase's one writing step: the new series directory, its ledger and the target file.
+
+Nothing in patches/ or targets/ changes before every patch is decided. Then, under the series
+directory's lock (kvforge.seriesdir.transaction, as `kvforge export`): the new series directory is
+staged complete (a hidden sibling, linted), the state records phase "committing" with the new target
+file's text and the digest of the staged series, then the series directory is swapped in and the target
+file replaced (one rename). A kill after the state says "committing" is finished, idempotently, by the
+next `kvforge rebase` of that target before anything else; `--abort` is then refused.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from .. import gitutil, ledger, seriesdir
+from ..context import Context
+from ..errors import EXIT_USAGE, KvforgeError
+from ..export import read_commit
+from ..fsutil import atomic_write_text, crashpoint
+from ..series import lint_directory
+from ..targets import display_path
+from .result import RebaseResult, result_of
+from .retarget import new_target_text
+from .state import DROPPED, Phase, State, Verdict, dir_digest, file_digest, save
+from .steps import release_worktree
+
+
+def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
+    """Write the rebase's result (or finish writing it, in phase "committing"); the state is removed."""
+    start = start if start is not None else time.monotonic()
+    t0 = time.monotonic()
+    plan = st.plan
+    dest, target_file = plan.series_dir, plan.target_file
+    old_dir, old_target = plan.old_series_dir, plan.old_target_file
+    if st.phase is not Phase.COMMITTING:
+        digests = plan.digests
+        if dir_digest(old_dir) != digests.old_series or file_digest(old_target) != digests.old_target:
+            raise KvforgeError(f"{old_dir} or {old_target} changed while the rebase ran; nothing was written. "
+                               f"`kvforge rebase -t {plan.target} --abort` and start again", EXIT_USAGE)
+        if dir_digest(dest) != digests.series or file_digest(target_file) != digests.target:
+            raise KvforgeError(f"{dest} or {target_file} changed while the rebase ran; nothing was written. "
+                               f"`kvforge rebase -t {plan.target} --abort` and start again", EXIT_USAGE)
+        st.target_text = new_target_text(plan, ctx)
+        st.phase = Phase.COMMITTING
+        with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path) as tx:
+            st.new_series_digest = dir_digest(_stage(tx, st))
+            save(st)  # the commit point: from here on, every run finishes this
+            crashpoint("rebase:commit-staged")
+            tx.commit()
+    else:
+        with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path,
+                                   recover=False) as tx:
+            if dir_digest(dest) == st.new_series_digest:
+                tx.recover()  # swapped before a kill: the old contents left beside it go
+            else:
+                staged = tx.staged()
+                if staged is None or dir_digest(staged) != st.new_series_digest:
+                    tx.recover()
+                    _stage(tx, st)
+                tx.commit()
+    crashpoint("rebase:series-swapped")
+    text = st.target_text or ""
+    if not target_file.is_file() or target_file.read_text(encoding="utf-8") != text:
+        atomic_write_text(target_file, text)
+    crashpoint("rebase:target-written")
+    result = result_of(st, "done", start)
+    result.range_diff = range_diff(st)
+    result.written = [str(dest), str(target_file)]
+    result.seconds["write"] = round(time.monotonic() - t0, 3)
+    result.seconds["total"] = round(time.monotonic() - start, 3)
+    if st.worktree_ready:
+        release_worktree(plan.worktree)
+    shutil.rmtree(plan.state_dir, ignore_errors=True)
+    return result
+
+
+def _stage(tx: seriesdir.Transaction, st: State) -> Path:
+    """The complete new series directory staged by `tx` (linted): the carried commits, the series file, the
+    ledger with this rebase's drops appended, and the old directory's other files."""
+    plan = st.plan
+    repo = plan.repo  # the worktree's commits are in its repository (it may never have been made)
+    carried = [p for p in st.steps if p.verdict is Verdict.CARRIED]
+    shas = gitutil.run(repo, "rev-list", "--reverse", f"{plan.new_base}..{st.head}").stdout.split()
+    if len(shas) != len(carried):
+        raise KvforgeError(f"the rebase's head holds {len(shas)} commits on the new base, the rebase "
+                           f"carried {len(carried)} patches; nothing was written (--abort and start again)",
+                           EXIT_USAGE)
+    what = f"rebase of {plan.target} onto {plan.onto_ref}"
+    commits = [read_commit(repo, sha, what) for sha in shas]
+    names = [p.name for p in carried]
+    old_dir = plan.old_series_dir
+    listing = seriesdir.read_listing(old_dir)
+    files = {name: c.raw for c, name in zip(commits, names)}
+    files[seriesdir.SERIES_FILE] = seriesdir.listing_text(listing, names, {n: n for n in names}).encode("utf-8")
+    entries = ledger.load(old_dir)
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for p in st.steps:
+        if p.verdict in DROPPED:
+            entries.append(ledger.Entry(file=p.name, fix_id=p.fix_id, decision=str(p.verdict), signals=p.signals,
+                                        dropped_at=when, onto_version=plan.onto_version,
+                                        onto_ref=plan.onto_ref, base_commit=plan.new_base, reason=p.reason))
+    if entries:
+        files[ledger.FILENAME] = ledger.render(entries).encode("utf-8")
+    managed = set(listing.names if listing else []) | {seriesdir.SERIES_FILE, ledger.FILENAME}
+    kept = sorted(q.name for q in old_dir.iterdir() if q.name not in managed) if old_dir.is_dir() else []
+    return tx.stage(files, keep=kept, keep_from=old_dir, blame={name: c.blame for c, name in zip(commits, names)})
+
+
+def range_diff(st: State) -> str:
+    """`git range-diff` of the old series against the new (git needs two non-empty ranges: a side that
+    is empty is shown in its format by hand)."""
+    plan = st.plan
+    repo = plan.repo
+    sides = [(plan.old_base, plan.old_head), (plan.new_base, st.head)]
+    if any(a == b for a, b in sides):
+        lines = []
+        for k, (a, b) in enumerate(sides):
+            log = gitutil.run(repo, "log", "--reverse", "--format=%h %s", f"{a}..{b}", check=False).stdout.splitlines()
+            for n, line in enumerate(log, 1):
+                sha, _, subject = line.partition(" ")
+                lines.append(f"{n}:  {sha} < -:  ------- {subject}" if k == 0
+                             else f"-:  ------- > {n}:  {sha} {subject}")
+        return "\n".join(lines) + ("\n" if lines else "")
+    res = gitutil.run(repo, "range-diff", "--no-color", f"{plan.old_base}..{plan.old_head}",
+                      f"{plan.new_base}..{st.head}", check=False)
+    return res.stdout if res.returncode == 0 else f"(git range-diff failed: {res.stderr.strip()})"

@@ -1,0 +1,89 @@
+"""The new base a rebase moves onto: `--onto VERSION` (a PyPI release, its sha256 from PyPI) or a git ref."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from .. import gitutil
+from ..bases import release_files
+from ..context import Context
+from ..errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
+from ..fsutil import sha256_file
+from ..targets import Component, Release, WheelPin
+
+VERSION_ONTO_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?(?:[A-Za-z0-9.+-]*)?)$")
+
+
+def _sha_of(files: list[dict], filename: str) -> str | None:
+    for f in files:
+        if f.get("filename") == filename:
+            sha = (f.get("digests") or {}).get("sha256")
+            return sha if isinstance(sha, str) else None
+    return None
+
+
+def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Component, str, list[str]]:
+    """The component moved onto `onto`: (component, where its sha256 came from, notes).
+
+    VERSION (no --repo): the PyPI sdist of that release, its sha256 taken from PyPI's JSON (offline:
+    from an archive already in the cache, and said so). REF with --repo/--source git: that ref; a
+    version-like ref (v0.21.0) also moves the offline source to that release.
+    """
+    comp = ctx.component
+    notes: list[str] = []
+    m = VERSION_ONTO_RE.match(onto)
+    repo_url = repo_url or os.environ.get(f"KVFORGE_{comp.name.upper().replace('-', '_')}_REPO")
+    use_git = bool(repo_url) or ctx.source == "git"
+    if not m and not use_git:
+        raise KvforgeError(f"--onto {onto!r} is not a release version (e.g. 0.20.2); a git ref needs --repo URL|DIR",
+                           EXIT_USAGE)
+    if m and not use_git:
+        ref = onto if onto.startswith("v") else f"v{onto}"
+    else:
+        ref = onto
+        if gitutil.run(Path.cwd(), "check-ref-format", "--allow-onelevel", ref, check=False).returncode != 0:
+            raise KvforgeError(f"--onto {onto!r} is not a valid git ref name", EXIT_USAGE)
+    if not m:
+        notes.append(f"the offline source stays {comp.release.package}=={comp.release.version}: {onto} is not a "
+                     "release version; edit [components.release] by hand if it should change")
+        return replace(comp, ref=ref), "git", notes
+    version = m.group(1)
+    release = Release(comp.release.package, version, None)
+    wheel_sha: tuple[str, str] | None = None
+    if os.environ.get("KVFORGE_OFFLINE"):
+        files = None
+    else:
+        try:
+            _, files = release_files(release.package, version)
+        except KvforgeError as exc:
+            notes.append(f"{exc}; falling back to the cached archive")
+            files = None
+    if files is not None:
+        sha = _sha_of(files, release.filename)
+        if sha is None:
+            raise KvforgeError(f"PyPI has no sdist {release.filename} for {release.package}=={version}", EXIT_NETWORK)
+        source = "pypi"
+        if comp.wheel is not None:
+            wanted = comp.wheel.filename.replace(f"-{comp.release.version}-", f"-{version}-", 1)
+            wsha = _sha_of(files, wanted)
+            if wsha:
+                wheel_sha = (wanted, wsha)
+    else:
+        local = ctx.cache.downloads / release.filename
+        if not local.is_file():
+            raise KvforgeError(f"cannot take the sha256 of {release.filename} from PyPI (offline or unreachable) and "
+                               "the cache has no copy of it", EXIT_NETWORK)
+        sha = sha256_file(local)
+        source = "local archive (offline: not checked against PyPI)"
+        notes.append(f"sha256 of {release.filename} taken from the cached archive, not from PyPI (offline)")
+    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheel=None)
+    if comp.wheel is not None:
+        if wheel_sha:
+            new = replace(new, wheel=WheelPin(*wheel_sha))
+        else:
+            notes.append(f"no wheel like {comp.wheel.filename} found for {version}: [components.wheel] is removed "
+                         "(pin one by hand for `kvforge build`)")
+    return new, source, notes

@@ -1,0 +1,103 @@
+"""The target file a rebase writes: a text edit of the old one (every comment kept), checked by the
+target parser before it is ever written."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from ..context import Context
+from ..targets import parse_target
+from .state import Plan
+
+HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?$")
+STRING_RE = re.compile(r'^(\s*)([A-Za-z0-9_-]+)(\s*=\s*)"((?:[^"\\]|\\.)*)"(.*)$')
+
+
+def new_target_text(plan: Plan, ctx: Context) -> str:
+    """The target file after the rebase: a text edit of the old one that keeps every comment."""
+    comp_index = [c.name for c in ctx.target.components].index(plan.component)
+    text = plan.old_target_file.read_text(encoding="utf-8")
+    as_new = plan.new_target != plan.target
+    out = retarget_text(
+        text, comp_index, ref=plan.onto_ref, version=plan.onto_version, sha256=plan.sha256,
+        wheel=plan.wheel, old_version=ctx.component.release.version,
+        name=plan.new_target if as_new else None,
+        series=os.path.relpath(plan.series_dir, plan.root) if as_new else None)
+    with tempfile.TemporaryDirectory(prefix="kvforge-rebase-") as d:
+        probe = Path(d) / f"{plan.new_target}.toml"
+        probe.write_text(out, encoding="utf-8")
+        parse_target(probe, plan.root)  # a target file kvforge would refuse is never written
+    return out
+
+
+def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, sha256: str | None,
+                  wheel: tuple[str, str] | None, old_version: str, name: str | None = None,
+                  series: str | None = None) -> str:
+    """Edit a target file's text: component `comp_index` moves to `ref` (and release `version`/`sha256`;
+    its wheel pin becomes `wheel` or is removed), optionally renamed (`name`, `series`). Comments stay;
+    the description's old version becomes the new one."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    section, comp = "", -1
+    dropping = False
+    release_has_sha = False
+    new_version = version if version is not None and version != old_version else None
+    version_changes = new_version is not None
+
+    def put(line: str, key: str, value: str) -> str:
+        m = STRING_RE.match(line.rstrip("\n"))
+        return f"{m.group(1)}{key}{m.group(3)}{json.dumps(value)}{m.group(5)}\n" if m else line
+
+    for line in lines:
+        h = HEADER_RE.match(line.rstrip("\n"))
+        if h:
+            if section == "components.release" and comp == comp_index and version_changes and sha256 \
+                    and not release_has_sha:
+                out.append(f"sha256 = {json.dumps(sha256)}\n")
+            section = h.group(2)
+            if section == "components" and h.group(1) == "[[":
+                comp += 1
+            dropping = section == "components.wheel" and comp == comp_index and version_changes and wheel is None
+            if dropping:
+                while out and out[-1].strip() == "" and len(out) > 1 and out[-2].strip() == "":
+                    out.pop()
+                continue
+        elif dropping:
+            continue
+        m = STRING_RE.match(line.rstrip("\n"))
+        key = m.group(2) if m else None
+        if section == "" and key == "name" and name:
+            line = put(line, "name", name)
+        elif section == "" and key == "description" and new_version is not None and m is not None:
+            line = put(line, "description", m.group(4).replace(old_version, new_version))
+        elif section == "components" and comp == comp_index and key == "ref":
+            line = put(line, "ref", ref)
+        elif section == "components" and comp == comp_index and key == "series" and series:
+            line = put(line, "series", series)
+        elif section == "components.release" and comp == comp_index and version_changes:
+            if key == "version" and new_version is not None:
+                line = put(line, "version", new_version)
+            elif key == "sha256":
+                release_has_sha = True
+                if sha256:
+                    line = put(line, "sha256", sha256)
+                else:
+                    continue
+        elif section == "components.wheel" and comp == comp_index and version_changes and wheel:
+            if line.lstrip().startswith("#"):
+                continue  # comments about the old wheel
+            if key == "filename":
+                line = put(line, "filename", wheel[0])
+            elif key == "sha256":
+                line = put(line, "sha256", wheel[1])
+        out.append(line)
+    if section == "components.release" and comp == comp_index and version_changes and sha256 and not release_has_sha:
+        out.append(f"sha256 = {json.dumps(sha256)}\n")
+    result = "".join(out)
+    while result.endswith("\n\n"):
+        result = result[:-1]
+    return result
