@@ -55,6 +55,8 @@ from typing import Iterator
 from . import gitutil
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .fsutil import crashpoint, file_lock
+from .outcome import Done
+from .report import table
 from .series import FIX_ID_RE, parse_patch, read_series
 from .engine import format_patch
 from .trees import commits_since, resolve_from
@@ -624,3 +626,10 @@ def recover_series_dir(directory: Path) -> None:
         return
     with _locked(directory, lambda _m: None):
         _recover(directory)
+
+
+def export_command(ctx, out: Path | None = None, renumber: bool = False) -> Done:
+    """`kvforge export`: one row per patch file (its Fix-Id and what happened to it), then the summary."""
+    result = export_target(ctx, out=out, renumber=renumber)
+    return Done(result.to_json(), table(["patch", "fix-id", "file"], [[e.name, e.fix_id, e.status] for e in result.files])
+                + "\n" + result.summary())

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from .outcome import Done
 from .report import table
 from .series import read_series
-from .targets import Target
+from .targets import Target, load_all
 
 
 @dataclass
@@ -181,3 +182,12 @@ def short_status(value: str) -> str:
     if pr:
         return f"{name} #{pr.group(1)}"
     return f"{name} [{detail}]" if detail else name
+
+
+def status_command(cache, check: bool, progress=None) -> Done:
+    """`kvforge status`: the fixes x targets matrix, or with --check each patch's Drop-When verdict."""
+    if check:
+        rows = drop_check(load_all(), cache, progress)
+        return Done(drop_check_json(rows), render_drop_check(rows))
+    matrix = status_matrix(load_all())
+    return Done(matrix.to_json(), render_status(matrix))

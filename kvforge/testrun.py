@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from . import evidence
-from .env import Env
+from .components import contexts, describe_layer, run_each
+from .env import Env, target_env
 from .platforms import HARDWARE, hardware_command
 from .platforms import get as get_platform
 from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .outcome import Done, Outcome
+from .selection import scan_target
 from .targets import Component, Target
+from .trees import open_stack
 
 FAILING = ("failed", "error", "missing")
 PYTEST_EXIT = {0: "all passed", 1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
@@ -312,8 +316,6 @@ def selection(comp: Component, platform: str, checks: list[str], where: Path) ->
 
 
 def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: bool = True) -> TestResult:
-    from .env import target_env
-    from .trees import open_stack
 
     target, comp, say = ctx.target, ctx.component, ctx.progress
     series = ctx.series() if platform != "cpu" or not ctx.from_rev else None
@@ -401,39 +403,44 @@ def test_verdict(result: TestResult) -> tuple[int, str | None]:
     return 0, None
 
 
-def print_test_result(result: TestResult, as_json: bool, out: Callable[[str], None] | None = None) -> None:
-    import click
+def render_test_result(result: TestResult) -> str:
+    """The text of `kvforge test`: the command a runner would run, or the failures and a summary."""
+    if result.command is not None:
+        return f"# {result.target} {result.platform} tests: on a runner with {HARDWARE[result.platform]}:\n" \
+               + result.command
+    run = result.run
+    lines = []
+    if result.skipped_checks:
+        lines.append(f"skipped {len(result.skipped_checks)} Checks tests the base tree does not have (patches add them)")
+    lines += [f"FAILED {p}" for p in run.problems()]
+    lines += [f"MISSING {m}: not in this tree" for m in run.not_in_tree + run.missing if m not in result.skipped_checks]
+    lines += compare_lines(result.compare, True)
+    if result.layer:
+        lines.append(describe_layer(result.layer))
+    lines.append(f"{result.target} {result.state} ({run.commit[:12]}, series {result.series}, {result.patches} "
+                 f"patches), {result.platform}: {summary_line(run)}")
+    if run.junit:
+        lines.append(f"JUnit XML: {run.junit}")
+    return "\n".join(lines)
 
-    echo = out or click.echo
+
+def test_outcome(result: TestResult) -> Done:
+    """A test run as `kvforge test` ends: its JSON carries "exit" and "error" (null when it passed)."""
     code, error = test_verdict(result)
-    if as_json:
-        from .report import emit_json
+    return Done({**result.to_json(), "exit": code, "error": error}, render_test_result(result), code, error)
 
-        emit_json({**result.to_json(), "exit": code, "error": error})
-    elif result.command is not None:
-        echo(f"# {result.target} {result.platform} tests: on a runner with {HARDWARE[result.platform]}:")
-        echo(result.command)
-    else:
-        run = result.run
-        if result.skipped_checks:
-            echo(f"skipped {len(result.skipped_checks)} Checks tests the base tree does not have (patches add them)")
-        for p in run.problems():
-            echo(f"FAILED {p}")
-        for m in run.not_in_tree + run.missing:
-            if m not in result.skipped_checks:
-                echo(f"MISSING {m}: not in this tree")
-        for line in compare_lines(result.compare, True):
-            echo(line)
-        if result.layer:
-            from .components import describe_layer
 
-            echo(describe_layer(result.layer))
-        echo(f"{result.target} {result.state} ({run.commit[:12]}, series {result.series}, {result.patches} patches), "
-             f"{result.platform}: {summary_line(run)}")
-        if run.junit:
-            echo(f"JUnit XML: {run.junit}")
-    if error:
-        raise KvforgeError(error, code, emitted=as_json)
+def test_command(ctx, component: str | None, platform: str, on_base: bool, keyword: str | None, scan: bool,
+                 try_cpu: bool) -> Outcome:
+    """`kvforge test`: with --scan/--try the selection scan; else the tests of each component."""
+    if scan or try_cpu:
+        return scan_target(ctx, try_cpu)
+    return run_each(contexts(ctx, component, platform),
+                    lambda c: test_outcome(test_target(c, platform, on_base, keyword)))
+
+
+test_command.__test__ = False  # not a pytest test function
+test_outcome.__test__ = False  # not a pytest test function
 
 
 # ---------------------------------------------------------------- base vs patched: whose failure is it
