@@ -842,7 +842,7 @@ def render(result: BuildResult) -> str:
     echo = lines.append
     if result.mode == "source":
         echo(f"# {result.target}: vLLM's own build of the patched tree (on a build machine):")
-        echo(result.command)
+        echo(result.command or "")  # click.echo(None) printed an empty line
         return "\n".join(lines)
     echo(f"{result.target}/{result.component}: base {result.base_ref} ({result.base[:12]}), series {result.series} "
          f"({len(result.fix_ids)} patches: {', '.join(result.fix_ids) or 'none'})")

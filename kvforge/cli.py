@@ -16,7 +16,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -43,6 +43,8 @@ def finish(result: Outcome | KvforgeError, as_json: bool) -> NoReturn:
     as warnings first. A KvforgeError: {"error": its first line, "exit", **data} with --json, else
     its `text` on stdout; its `notes` first. Failing: "kvforge: error: <error>" on stderr (with --json
     the first line of the document's "error")."""
+    error: str | None
+    doc: Any
     if isinstance(result, KvforgeError):
         code, error, notes, aside = result.exit_code, str(result), result.notes, ""
         doc, text = dict(result.data), result.text
@@ -381,7 +383,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    finish(testrun.test_command(ctx, component, platform_name, on_base, keyword, scan, try_cpu), as_json)
+    finish(testrun.run_command(ctx, component, platform_name, on_base, keyword, scan, try_cpu), as_json)
 
 
 @cli.command("verify")

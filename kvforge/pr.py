@@ -164,7 +164,7 @@ def _env(user_template: Path | None = None):
                 raise TemplateNotFound(template)
             return self.text, str(self.path), lambda: True
 
-    loaders = [FileSystemLoader(str(TEMPLATES))]
+    loaders: list[BaseLoader] = [FileSystemLoader(str(TEMPLATES))]
     if user_template is not None:
         try:
             text = Path(user_template).read_text(encoding="utf-8")

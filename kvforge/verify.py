@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from .errors import EXIT_TESTS
@@ -130,8 +131,8 @@ def plan(patches, final_nodes: list[str], stack=None) -> tuple[dict[int, list[st
     return {n: unique(nodes) for n, nodes in needs.items() if nodes}, overlays
 
 
-def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_base: bool, commit: str,
-          overlaid: list[str] = ()) -> PatchVerdict:
+def judge(n: int, patch, before: RunResult, after: RunResult, in_base: bool, commit: str,
+          overlaid: Sequence[str] = ()) -> PatchVerdict:
     v = PatchVerdict(n, patch.name, patch.fix_id, patch.kind, "pass-to-pass", in_base=in_base, commit=commit)
     if patch.kind != "fix":
         v.reason = f"Kind {patch.kind}: held to the regression suite only"
@@ -139,20 +140,21 @@ def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_b
     if not patch.checks:
         v.status, v.reason = "unproven", "Kind fix with no Checks: nothing shows it fixes anything"
         return v
+    outcomes: dict[str, tuple[str, str]] = {}  # node -> (before, after): both ran for a fix with Checks
     for node in patch.checks:
-        b = before.outcome(node)
+        b, a = outcomes[node] = before.outcome(node), after.outcome(node)
         how = "from the patch" if node.split("::", 1)[0] in overlaid else ("absent" if b == "missing" else "in tree")
         message = before.message_of(node)
-        v.checks.append(CheckResult(node, b, after.outcome(node), before.seconds_of(node), after.seconds_of(node),
+        v.checks.append(CheckResult(node, b, a, before.seconds_of(node), after.seconds_of(node),
                                     how, message, after.message_of(node), before_kind=fail_kind(b, message)))
-    not_after = [c for c in v.checks if c.after != "passed"]
-    not_before = [c for c in v.checks if c.before not in ("failed", "error", "missing")]
+    not_after = [c.node for c in v.checks if c.after != "passed"]
+    not_before = [c.node for c in v.checks if c.before not in ("failed", "error", "missing")]
     if not_after:
         v.status = "failing"
-        v.reason = "; ".join(f"{c.node} {VERB[c.after]} with the patch" for c in not_after)
+        v.reason = "; ".join(f"{node} {VERB[outcomes[node][1]]} with the patch" for node in not_after)
     elif not_before:
         v.status = "unproven"
-        v.reason = "; ".join(f"{c.node} already {VERB[c.before]} before the patch" for c in not_before)
+        v.reason = "; ".join(f"{node} already {VERB[outcomes[node][0]]} before the patch" for node in not_before)
         if in_base:
             v.reason += " (the patch is already in the base)"
     elif not any(c.before_kind == "behaviour" for c in v.checks):
