@@ -56,7 +56,7 @@ def finish(result: Outcome | KvforgeError, as_json: bool) -> NoReturn:
         click.echo(f"kvforge: warning: {note}", err=True)
     if as_json:
         if error is not None:
-            doc = {"error": error.splitlines()[0], "exit": code, **doc}
+            doc = {"error": first_line(error), "exit": code, **doc}
             error = str(doc["error"])
         click.echo(json_text(doc))
     else:
@@ -65,8 +65,12 @@ def finish(result: Outcome | KvforgeError, as_json: bool) -> NoReturn:
         if aside:
             click.echo(aside, err=True)
     if error is not None:
-        click.echo(f"kvforge: error: {error.splitlines()[0] if as_json else error}", err=True)
+        click.echo(f"kvforge: error: {first_line(error) if as_json else error}", err=True)
     sys.exit(code)
+
+
+def first_line(text: str) -> str:
+    return (text.splitlines() or [""])[0]
 
 
 def wants_json(kwargs: dict) -> bool:
