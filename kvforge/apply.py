@@ -32,6 +32,7 @@ from .context import Context, base_tag_name
 from .engine import ApplyFailure, PatchOutcome, am_series
 from .errors import EXIT_USAGE, KvforgeError
 from .fsutil import crashpoint, file_lock, remove_stale
+from .report import table
 from .trees import Stack, open_stack, outcome_file, ref_prefix
 
 BASE_TAG = "refs/tags/{tag}"  # kvforge/base/<target>[-<component>] (context.base_tag_name)
@@ -56,11 +57,57 @@ class ApplyResult:
         return asdict(self)
 
     def summary(self) -> str:
+        head = self.head or ""
         if self.noop:
-            return f"{self.tree}: {self.branch} already holds this series at {self.head[:12]}: nothing to do"
+            return f"{self.tree}: {self.branch} already holds this series at {head[:12]}: nothing to do"
         where = "in a new repository" if self.mode == "created" else "added to the existing repository"
-        return (f"{self.branch} at {self.head[:12]} on {self.base_ref} ({self.base[:12]}), {where} {self.tree} "
+        return (f"{self.branch} at {head[:12]} on {self.base_ref} ({self.base[:12]}), {where} {self.tree} "
                 f"({self.seconds:.1f}s)")
+
+
+def outcomes_table(outcomes: list[PatchOutcome]) -> str:
+    """One row per patch: what the apply did with it."""
+    return table(["#", "patch", "fix-id", "result", "commit", "detail"],
+                 [[i, o.name, o.fix_id, o.status, (o.commit or "")[:12], o.detail] for i, o in enumerate(outcomes, 1)])
+
+
+@dataclass
+class Applied:
+    """How `kvforge apply` ends when every patch is in: one ApplyResult per component applied."""
+
+    target: str
+    results: list[ApplyResult]
+    exit_code = 0
+    error = None
+
+    def to_json(self) -> dict:
+        if len(self.results) == 1:
+            return {**self.results[0].to_json(), "ok": True}
+        return {"target": self.target, "ok": True, "components": [r.to_json() for r in self.results]}
+
+    def render(self) -> str:
+        lines = []
+        for r in self.results:
+            if len(self.results) > 1:
+                lines.append(f"{r.target}/{r.component}:")
+            lines += [outcomes_table(r.patches), "", r.summary()]
+        return "\n".join(lines)
+
+
+def apply_command(ctx: Context, component: str | None, into: Path | None, repo_dir: Path | None,
+                  branch: str | None, keep_conflict: bool) -> Applied:
+    """`kvforge apply`. A patch that does not apply ends as its ApplyFailure (exit 3), carrying the
+    per-patch table (text) and {"target", "ok": false, "patches"} (data) for cli.finish."""
+    if into is not None and repo_dir is not None:
+        raise KvforgeError("--into and --repo-dir exclude each other", EXIT_USAGE)
+    try:
+        results = apply_components(ctx, component, into=into, repo_dir=repo_dir, branch=branch,
+                                   keep_conflict=keep_conflict)
+    except ApplyFailure as failure:
+        failure.data = {"target": ctx.target.name, "ok": False, "patches": [o.__dict__ for o in failure.outcomes]}
+        failure.text = outcomes_table(failure.outcomes)
+        raise
+    return Applied(ctx.target.name, results)
 
 
 def default_into(ctx: Context) -> Path:

@@ -57,6 +57,7 @@ from . import gitutil
 from .cache import REF_IMPORT, Cache, write_error
 from .errors import EXIT_ENV, EXIT_NETWORK, KvforgeError
 from .fsutil import crashpoint, file_lock, remove_stale, sha256_file
+from .outcome import Done
 from .targets import Component, Release
 
 IMPORT_IDENT = "kvforge-import <kvforge@users.noreply.github.com>"
@@ -584,3 +585,14 @@ def _quote(path: str) -> bytes:
     if any(c in path for c in '"\\\n') or path.startswith(" "):
         return b'"' + path.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").encode() + b'"'
     return path.encode()
+
+
+def base_command(ctx) -> Done:
+    """`kvforge base`: the target's base as a commit in the cache, and where it came from."""
+    base = ctx.base()
+    data = {"target": ctx.target.name, "component": base.component, "ref": base.ref, "commit": base.commit,
+            "source": base.source, "origin": base.origin, "repo": str(base.repo), "cached": base.cached,
+            "seconds": round(base.seconds, 3)}
+    how = "cached" if base.cached else f"imported in {base.seconds:.1f}s"
+    return Done(data, f"{ctx.label}: {base.ref} = {base.commit} ({base.source}: {base.origin}; {how})\n"
+                      f"repository: {base.repo}")

@@ -73,6 +73,7 @@ from .cache import Cache
 from .env import Env, target_env
 from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, remove_stale, sha256_file
+from .outcome import Done
 from .platforms import require_available
 from .targets import Component
 from .testrun import run_properties, run_pytest, unique
@@ -808,11 +809,14 @@ def verdict(result: BuildResult) -> tuple[int, str | None]:
     return 0, None
 
 
-def render(result: BuildResult, echo) -> None:
+def render(result: BuildResult) -> str:
+    """The text of `kvforge build`: the source build's command, or the changes, the verification and the wheel."""
+    lines: list[str] = []
+    echo = lines.append
     if result.mode == "source":
         echo(f"# {result.target}: vLLM's own build of the patched tree (on a build machine):")
-        echo(result.command)
-        return
+        echo(result.command or "")  # click.echo(None) printed an empty line
+        return "\n".join(lines)
     echo(f"{result.target}/{result.component}: base {result.base_ref} ({result.base[:12]}), series {result.series} "
          f"({len(result.fix_ids)} patches: {', '.join(result.fix_ids) or 'none'})")
     echo(f"upstream {result.upstream.get('filename')} (sha256 {result.upstream.get('sha256', '')[:16]}...)")
@@ -844,3 +848,29 @@ def render(result: BuildResult, echo) -> None:
         echo(f"{result.wheel}")
         echo(f"sha256 {result.sha256}  {result.size} bytes; seconds: "
              + ", ".join(f"{k} {v}" for k, v in result.seconds.items()))
+    return "\n".join(lines)
+
+
+def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_path: Path | None,
+                  shard: tuple[int, int]) -> Done:
+    """`kvforge build`: build (or verify --wheel FILE, or the wheel of this base and series in --wheel
+    DIR) and end with the verdict; its JSON carries "exit" and "error" (null when it passed). A
+    refused series ends as BuildRefused with {"target", "ok": false, "mode", "command"}."""
+    wheel = wheel_path
+    if wheel_path is not None and wheel_path.is_dir():
+        pin = ctx.component.wheel
+        if pin is None:
+            raise KvforgeError(f"{ctx.target.path}: no [components.wheel] pin", EXIT_USAGE)
+        name = output_filename(pin.filename, build_tag_for(pin.filename, open_stack(ctx).digest))
+        wheel = wheel_path / name
+        if not wheel.is_file():
+            raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",
+                               EXIT_USAGE)
+    try:
+        result = build_target(ctx, out, mode=mode, tests=tests, platform=platform, wheel=wheel, shard=shard)
+    except BuildRefused as refused:
+        refused.data = {"target": ctx.target.name, "ok": False, "mode": mode, "command": refused.command,
+                        "error": str(refused)}
+        raise
+    code, error = verdict(result)
+    return Done({**result.to_json(), "exit": code, "error": error}, render(result), code, error)

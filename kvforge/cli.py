@@ -1,10 +1,10 @@
-"""The `kvforge` command line: parse options, build one Context, call one library function, render
-its result and set the exit code. No logic lives here.
+"""The `kvforge` command line: parse options, build one Context, call one library function and
+`finish` its outcome (kvforge.outcome): the one place that prints a result or an error and exits.
 
-Errors: a KvforgeError is one line on stderr (with --json also {"error", "exit"} on stdout) and its
-exit code; a click usage error exits 2 the same way; anything else is a bug in kvforge: one line,
-the traceback saved to a file, exit 70. Global options (--cache-dir) work before or after the
-subcommand.
+Errors: a KvforgeError goes through `finish` too: one line on stderr (with --json also {"error",
+"exit", **data} on stdout) and its exit code; a click usage error exits 2 the same way; anything
+else is a bug in kvforge: one line, the traceback saved to a file, exit 70. Global options
+(--cache-dir) work before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
 from . import __version__
 from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
+from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, KvforgeError
+from .outcome import Outcome
 from .platforms import JOB_KINDS, PLATFORMS
-from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_LINT, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from .report import emit_json, table
+from .report import json_text
 
 GLOBAL_OPTIONS = ("--cache-dir",)
 
@@ -33,23 +35,58 @@ def progress(msg: str) -> None:
     click.echo(f"kvforge: {msg}", err=True)
 
 
-def fail(message: str, code: int, as_json: bool) -> None:
+def finish(result: Outcome | KvforgeError, as_json: bool) -> NoReturn:
+    """Print how a command ended and exit with its code: the one place that does.
+
+    An Outcome: with --json its to_json() (plus "error" and "exit" when it failed; keys the document
+    has itself win) on stdout, else its render() on stdout and its `aside` on stderr; its `notes`
+    as warnings first. A KvforgeError: {"error": its first line, "exit", **data} with --json, else
+    its `text` on stdout; its `notes` first. Failing: "kvforge: error: <error>" on stderr (with --json
+    the first line of the document's "error")."""
+    error: str | None
+    doc: Any
+    if isinstance(result, KvforgeError):
+        code, error, notes, aside = result.exit_code, str(result), result.notes, ""
+        doc, text = dict(result.data), result.text
+    else:
+        code, error, aside = result.exit_code, result.error, getattr(result, "aside", "")
+        notes = getattr(result, "notes", [])
+        doc, text = (result.to_json(), "") if as_json else (None, result.render())
+    for note in notes:
+        click.echo(f"kvforge: warning: {note}", err=True)
     if as_json:
-        emit_json({"error": message, "exit": code})
-    click.echo(f"kvforge: error: {message}", err=True)
+        if error is not None:
+            doc = {"error": first_line(error), "exit": code, **doc}
+            error = str(doc["error"])
+        click.echo(json_text(doc))
+    else:
+        if text:
+            click.echo(text, nl=not text.endswith("\n"))
+        if aside:
+            click.echo(aside, err=True)
+    if error is not None:
+        click.echo(f"kvforge: error: {first_line(error) if as_json else error}", err=True)
     sys.exit(code)
 
 
+def first_line(text: str) -> str:
+    return (text.splitlines() or [""])[0]
+
+
+def wants_json(kwargs: dict) -> bool:
+    """--json, or matrix's --format json."""
+    return bool(kwargs.get("as_json")) or kwargs.get("fmt") == "json"
+
+
 def handle_errors(fn):
-    """KvforgeError -> one line and its exit code (and a JSON error object with --json)."""
+    """KvforgeError -> finish (one line and its exit code, a JSON error object with --json)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except KvforgeError as exc:
-            fail(str(exc).splitlines()[0] if as_json else str(exc), exc.exit_code, as_json and not exc.emitted)
+            finish(exc, wants_json(kwargs))
         except KeyboardInterrupt:
             click.echo("kvforge: interrupted", err=True)
             sys.exit(130)
@@ -155,22 +192,9 @@ def cli(ctx: click.Context) -> None:
 @handle_errors
 def targets_cmd(cache: Cache, as_json: bool) -> None:
     """List the release targets and their components."""
-    from .targets import load_all, project_root
+    from . import targets
 
-    root = project_root()
-    rows = []
-    for t in load_all():
-        for c in t.components:
-            rows.append({"target": t.name, "component": c.name, "ref": c.ref,
-                         "release": f"{c.release.package}=={c.release.version}",
-                         "series": os.path.relpath(c.series_dir, root),
-                         "platforms": list(c.platforms), "description": t.description})
-    if as_json:
-        emit_json(rows)
-        return
-    click.echo(table(["target", "component", "upstream ref", "offline source", "series", "platforms"],
-                     [[r["target"], r["component"], r["ref"], r["release"], r["series"], ",".join(r["platforms"])]
-                      for r in rows]))
+    finish(targets.targets_command(), as_json)
 
 
 @cli.command("base")
@@ -189,17 +213,9 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
     the sha256 pinned in the target file and imported with a fixed author and date, so the commit
     id is the same on every machine. A cached base costs no network.
     """
-    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
-    base = ctx.base()
-    data = {"target": ctx.target.name, "component": base.component, "ref": base.ref, "commit": base.commit,
-            "source": base.source, "origin": base.origin, "repo": str(base.repo), "cached": base.cached,
-            "seconds": round(base.seconds, 3)}
-    if as_json:
-        emit_json(data)
-    else:
-        how = "cached" if base.cached else f"imported in {base.seconds:.1f}s"
-        click.echo(f"{ctx.label}: {base.ref} = {base.commit} ({base.source}: {base.origin}; {how})")
-        click.echo(f"repository: {base.repo}")
+    from . import bases
+
+    finish(bases.base_command(make_ctx(cache, target_name, component, source=source, repo_url=repo_url)), as_json)
 
 
 @cli.command("apply")
@@ -237,38 +253,10 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
     file, hunk and line. Re-running is a no-op when the branch already holds exactly this series;
     a branch that differs (your work) is never touched: the refusal says how to keep it.
     """
-    from .apply import ApplyFailure, apply_components
+    from . import apply
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
-    if into is not None and repo_dir is not None:
-        raise KvforgeError("--into and --repo-dir exclude each other", EXIT_USAGE)
-    try:
-        results = apply_components(ctx, component, into=into, repo_dir=repo_dir, branch=branch,
-                                   keep_conflict=keep_conflict)
-    except ApplyFailure as failure:
-        if as_json:
-            emit_json({"target": ctx.target.name, "ok": False, "error": str(failure).splitlines()[0],
-                       "exit": failure.exit_code, "patches": [o.__dict__ for o in failure.outcomes]})
-        else:
-            _print_outcomes(failure.outcomes)
-        click.echo(f"kvforge: error: {failure}", err=True)
-        sys.exit(failure.exit_code)
-    if as_json:
-        emit_json({**results[0].to_json(), "ok": True} if len(results) == 1 else
-                  {"target": ctx.target.name, "ok": True, "components": [r.to_json() for r in results]})
-        return
-    for result in results:
-        if len(results) > 1:
-            click.echo(f"{result.target}/{result.component}:")
-        _print_outcomes(result.patches)
-        click.echo("")
-        click.echo(result.summary())
-
-
-def _print_outcomes(outcomes) -> None:
-    click.echo(table(["#", "patch", "fix-id", "result", "commit", "detail"],
-                     [[i, o.name, o.fix_id, o.status, (o.commit or "")[:12], o.detail]
-                      for i, o in enumerate(outcomes, 1)]))
+    finish(apply.apply_command(ctx, component, into, repo_dir, branch, keep_conflict), as_json)
 
 
 @cli.command("lint")
@@ -279,20 +267,9 @@ def _print_outcomes(outcomes) -> None:
 @handle_errors
 def lint_cmd(target_names: tuple[str, ...], component: str | None, as_json: bool) -> None:
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree."""
-    from .components import lint_selected
+    from . import components
 
-    checked, nseries, problems = lint_selected(target_names, component)
-    if as_json:
-        emit_json({"patches": checked, "problems": [{"file": str(p.path), "line": p.line, "message": p.message}
-                                                   for p in problems]})
-    else:
-        for p in problems:
-            click.echo(str(p))
-        click.echo(f"{checked} patches in {nseries} series: "
-                   + (f"{len(problems)} problem{'s' if len(problems) > 1 else ''}" if problems else "clean"),
-                   err=bool(problems))
-    if problems:
-        sys.exit(EXIT_LINT)
+    finish(components.lint_command(target_names, component), as_json)
 
 
 @cli.command("status")
@@ -310,24 +287,9 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
     against its target's base: drop now, keep, or cannot tell here (an sdist base has no history;
     a PR's state needs the network).
     """
-    from .targets import load_all
+    from . import status
 
-    if check:
-        from .status import drop_check, drop_check_json, render_drop_check
-
-        rows = drop_check(load_all(), cache, progress)
-        if as_json:
-            emit_json(drop_check_json(rows))
-        else:
-            click.echo(render_drop_check(rows))
-        return
-    from .status import render_status, status_matrix
-
-    matrix = status_matrix(load_all())
-    if as_json:
-        emit_json(matrix.to_json())
-    else:
-        click.echo(render_status(matrix))
+    finish(status.status_command(cache, check, progress), as_json)
 
 
 @cli.command("export")
@@ -354,19 +316,12 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     ./<component>-<target>. On a target with several components, --component defaults to the one
     `kvforge apply` recorded in that tree (git config kvforge.component).
     """
-    from .components import component_of_tree
-    from .export import export_target
-    from .targets import load_target
+    from . import components, export, targets
 
     if component is None:
-        component = component_of_tree(load_target(target_name), from_rev)
+        component = components.component_of_tree(targets.load_target(target_name), from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
-    result = export_target(ctx, out=out, renumber=renumber)
-    if as_json:
-        emit_json(result.to_json())
-        return
-    click.echo(table(["patch", "fix-id", "file"], [[e.name, e.fix_id, e.status] for e in result.files]))
-    click.echo(result.summary())
+    finish(export.export_command(ctx, out=out, renumber=renumber), as_json)
 
 
 @cli.command("env")
@@ -393,17 +348,11 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
     one environment. With --python, your interpreter is used and only what it lacks goes into an
     overlay in the cache.
     """
-    from .env import target_env
+    from . import env
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, python=python,
                    torch_index=torch_index)
-    env = target_env(ctx, rebuild=rebuild, platform=platform_name)
-    if as_json:
-        emit_json(env.to_json())
-    else:
-        how = "external" if env.external else ("reused" if env.reused else f"built in {env.seconds:.0f}s")
-        click.echo(f"{target_name}: env {env.key} ({how}): {env.python}"
-                   + (f"; overlay {env.overlay}" if getattr(env, "overlay", None) else ""))
+    finish(env.env_command(ctx, rebuild=rebuild, platform=platform_name), as_json)
 
 
 @cli.command("test")
@@ -434,20 +383,11 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
     component built on another (vllm-ascend) runs from its own tree with that one's patched tree
     importable and its declared stand-ins, which the output lists.
     """
-    from .testrun import print_test_result, test_target
+    from . import testrun
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    if scan or try_cpu:
-        from .selection import print_scan_report, scan_target
-
-        print_scan_report(scan_target(ctx, try_cpu), as_json)
-        return
-    from .components import contexts, run_each
-    from .testrun import test_verdict
-
-    run_each(contexts(ctx, component, platform_name), lambda c: test_target(c, platform_name, on_base, keyword),
-             print_test_result, test_verdict, as_json)
+    finish(testrun.run_command(ctx, component, platform_name, on_base, keyword, scan, try_cpu), as_json)
 
 
 @cli.command("verify")
@@ -465,12 +405,11 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     are held to the regression suite only. The report is saved as JSON in the cache. Exit 0 only
     when everything is proven. Without --component, every component of the target, in order.
     """
-    from .components import contexts, run_each
-    from .verify import print_verify_report, verdict, verify_target
+    from . import verify
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    run_each(contexts(ctx, component), verify_target, print_verify_report, verdict, as_json)
+    finish(verify.verify_command(ctx, component), as_json)
 
 
 # ---------------------------------------------------------------- build, matrix (kvforge/build.py, kvforge/matrix.py)
@@ -521,40 +460,11 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
     imported from the installed wheel. A series that changes compiled inputs or packaging
     (csrc/, setup.py, requirements, ...) is refused: --mode source prints vLLM's own build.
     """
-    from .build import BuildRefused, build_target, render, verdict
+    from . import build
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    wheel = None
-    if wheel_path is not None:
-        wheel = wheel_path
-        if wheel_path.is_dir():
-            from .build import build_tag_for, output_filename
-            from .trees import open_stack
-
-            pin = ctx.component.wheel
-            if pin is None:
-                raise KvforgeError(f"{ctx.target.path}: no [components.wheel] pin", EXIT_USAGE)
-            name = output_filename(pin.filename, build_tag_for(pin.filename, open_stack(ctx).digest))
-            wheel = wheel_path / name
-            if not wheel.is_file():
-                raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",
-                                   EXIT_USAGE)
-    try:
-        result = build_target(ctx, out, mode=mode, tests=tests_mode, platform=platform_name, wheel=wheel,
-                              shard=shard)
-    except BuildRefused as refused:
-        if as_json:
-            emit_json({"target": ctx.target.name, "ok": False, "mode": mode, "command": refused.command,
-                       "error": str(refused), "exit": refused.exit_code})
-        raise KvforgeError(str(refused), refused.exit_code, emitted=as_json) from None
-    code, error = verdict(result)
-    if as_json:
-        emit_json({**result.to_json(), "exit": code, "error": error})
-    else:
-        render(result, click.echo)
-    if error:
-        raise KvforgeError(error, code, emitted=as_json)
+    finish(build.build_command(ctx, out, mode, tests_mode, platform_name, wheel_path, shard), as_json)
 
 
 @cli.command("matrix")
@@ -580,34 +490,11 @@ def matrix_cmd(fmt: str, changed_since: str | None, kinds: tuple[str, ...], targ
     Generated only: nothing is run, and cuda/npu jobs (runs_here: false) are never reported as
     passed. With --json (or --format json) errors are a JSON object too.
     """
-    from .matrix import (buildkite_pipeline, build_matrix, github_outputs, parse_runs_on, render_table, to_yaml,
-                         vllm_steps)
-    from .targets import load_all, load_target, project_root
+    from . import matrix
 
     as_json = as_json or fmt == "json"
-    try:
-        root = project_root()
-        targets = [load_target(n, root) for n in target_names] if target_names else load_all(root)
-        m = build_matrix(targets, root, changed_since, tuple(kinds) or tuple(JOB_KINDS), cuda_shards,
-                         parse_runs_on(runs_on))
-        if as_json:
-            emit_json(m.to_json())
-        elif fmt == "github":
-            click.echo(github_outputs(m), nl=False)
-        elif fmt == "buildkite":
-            click.echo(to_yaml(buildkite_pipeline(m)), nl=False)
-        elif fmt == "buildkite-vllm":
-            click.echo(to_yaml(vllm_steps(m)), nl=False)
-        elif fmt == "commands":
-            for j in m.jobs:
-                click.echo(j.command)
-        elif fmt == "targets":
-            for name in dict.fromkeys(j.target for j in m.jobs):
-                click.echo(name)
-        else:
-            click.echo(render_table(m))
-    except KvforgeError as exc:
-        fail(str(exc).splitlines()[0] if as_json else str(exc), exc.exit_code, as_json)
+    finish(matrix.matrix_command("json" if as_json else fmt, changed_since, kinds, target_names, cuda_shards,
+                                 runs_on), as_json)
 
 
 @cli.group("bench")
@@ -641,23 +528,13 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
     bug reports are checked on the patched tree and printed; they do not change the exit status.
     Exit 4 when a scenario could not run on a tree (its error is in the table).
     """
-    from .bench.prefix_cache import bench_prefix_cache, check_plot_available, print_bench, write_plot
+    from .bench import prefix_cache
 
     if plot_path is not None:
-        check_plot_available()
+        prefix_cache.check_plot_available()
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    result = bench_prefix_cache(ctx, scenario_spec, scale, seed)
-    if plot_path is not None:
-        write_plot(result.rows, result.states, plot_path,
-                   f"{result.target}: prefix-cache hit rate per request (scale {result.scale:g})")
-        result.files.append(str(plot_path))
-    if as_json:
-        emit_json(result.to_json())
-    else:
-        print_bench(result, click.echo)
-    if result.errors:
-        sys.exit(EXIT_TESTS)
+    finish(prefix_cache.bench_command(ctx, scenario_spec, scale, seed, plot_path), as_json)
 
 
 @bench_group.command("scheduler-overhead")
@@ -693,15 +570,12 @@ def bench_scheduler_overhead_cmd(cache: Cache, target_name: str, component: str 
     did the same work), the sliding-window cache mask's cost per 4096-token chunk and a per-group
     profile. Results are kept in the cache as JSON. The goal does not change the exit status.
     """
-    from .bench.overhead import bench_scheduler_overhead, print_overhead
+    from .bench import overhead
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    result = bench_scheduler_overhead(ctx, topologies, kinds, pools, scale, steps, reps, seed, mask=not no_mask)
-    if as_json:
-        emit_json(result.to_json())
-    else:
-        print_overhead(result, click.echo)
+    finish(overhead.bench_scheduler_overhead(ctx, topologies, kinds, pools, scale, steps, reps, seed, mask=not no_mask),
+           as_json)
 
 
 # ---------------------------------------------------------------- rebase, port (kvforge/rebase.py, port.py)
@@ -738,25 +612,13 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
     decided; then the series, the target's ref/version/sha256 and the ledger change in one step.
     Exit 3 when the rebase stopped at a patch.
     """
-    from .rebase import RebaseResult, render, run
+    from . import rebase
 
     actions = [a for a, on in (("continue", do_continue), ("skip", do_skip), ("abort", do_abort)) if on]
     if len(actions) > 1:
         raise KvforgeError("--continue, --skip and --abort exclude each other", EXIT_USAGE)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
-    result = run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, checks)
-    if not isinstance(result, RebaseResult):
-        if as_json:
-            emit_json({"target": ctx.target.name, "state": "aborted", "message": result})
-        else:
-            click.echo(result)
-        return
-    if as_json:
-        emit_json({**result.to_json(), **({"error": result.message, "exit": 3} if result.state == "stopped" else {})})
-    else:
-        render(result, click.echo)
-    if result.state == "stopped":
-        raise KvforgeError(result.message, 3, emitted=as_json)
+    finish(rebase.run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, checks), as_json)
 
 
 @cli.command("port")
@@ -779,17 +641,10 @@ def port_cmd(cache: Cache, fix_id: str, to_target: str, from_target: str | None,
     Then: resolve, `git am --continue`, `kvforge verify -t TARGET --from DIR`, `kvforge export -t
     TARGET --from DIR`. Exit 3 when it conflicts (the tree is left at the conflict).
     """
-    from .port import port, render
+    from . import port
 
     ctx = make_ctx(cache, to_target, component, source=source, repo_url=repo_url)
-    result = port(ctx, fix_id, from_target, into)
-    if as_json:
-        emit_json(result.to_json())
-    else:
-        render(result, click.echo)
-    if result.status == "conflict":
-        raise KvforgeError(f"{result.source_patch} conflicts on {result.target}: {result.detail}; resolve it in "
-                           f"{result.tree}", 3, emitted=as_json)
+    finish(port.port(ctx, fix_id, from_target, into), as_json)
 
 
 # ---------------------------------------------------------------- pr, notes (kvforge/pr.py)
@@ -813,31 +668,6 @@ text_out_option = click.option("--out", type=click.Path(dir_okay=False, path_typ
 text_allow_stale_option = click.option(
     "--allow-stale", is_flag=True,
     help="Use evidence recorded for another series or base, and say so in the text [default: refuse, exit 4].")
-
-
-def _emit_text(result, out: Path | None, as_json: bool, gh: str | None = None) -> None:
-    """Print or write a pr.Text (warnings on stderr); hand it to gh when asked."""
-    from .errors import EXIT_ENV
-    from .fsutil import atomic_write_text
-    from .pr import open_pr
-
-    for w in result.warnings:
-        click.echo(f"kvforge: warning: {w}", err=True)
-    if out is not None:
-        try:
-            atomic_write_text(out, result.text)
-        except OSError as exc:
-            raise KvforgeError(f"--out {out}: cannot write: {exc.strerror or exc}", EXIT_ENV) from None
-    url = open_pr(result, gh) if gh else None
-    if as_json:
-        emit_json({**result.to_json(), "text": result.text, "out": str(out) if out else None, "opened": url})
-        return
-    if out is None:
-        click.echo(result.text, nl=False)
-    else:
-        click.echo(f"kvforge: wrote {out}", err=True)
-    if url:
-        click.echo(url)
 
 
 @cli.command("pr", epilog=TEXT_EXIT_HELP)
@@ -872,15 +702,13 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     On a target with several components, --component defaults to the one whose series has the fix;
     a vllm-ascend title's [Branch] is the release of that component's ref (releases/v0.20.2rc).
     """
-    from .components import component_of_fix
-    from .pr import find_gh, pull_request
-    from .targets import load_target
+    from . import components, pr, targets
 
-    gh = find_gh() if open_in_gh else None
+    gh = pr.find_gh() if open_in_gh else None
     if component is None:
-        component = component_of_fix(load_target(target_name), fix_id)
+        component = components.component_of_fix(targets.load_target(target_name), fix_id)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
-    _emit_text(pull_request(ctx, fix_id, style, template_path, allow_stale), out, as_json, gh)
+    finish(pr.pr_command(ctx, fix_id, style, template_path, allow_stale, out, gh), as_json)
 
 
 @cli.command("notes", epilog=TEXT_EXIT_HELP)
@@ -903,10 +731,10 @@ def notes_cmd(cache: Cache, target_name: str, component: str | None, template_pa
     scenario) and when to drop it; the fixes the base already has; shortlog, diffstat and
     base-commit as in a b4 cover letter. Evidence rules as for `kvforge pr`.
     """
-    from .pr import release_notes
+    from . import pr
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
-    _emit_text(release_notes(ctx, template_path, allow_stale), out, as_json)
+    finish(pr.notes_command(ctx, template_path, allow_stale, out), as_json)
 
 
 def crash_report(exc: BaseException) -> Path | None:
@@ -938,11 +766,11 @@ def run_cli(group: click.Group, args: list[str] | None, prog_name: str | None, *
         sys.exit(130)
     except click.ClickException as exc:
         if as_json:
-            emit_json({"error": exc.format_message(), "exit": EXIT_USAGE})
+            click.echo(json_text({"error": exc.format_message(), "exit": EXIT_USAGE}))
         exc.show()
         sys.exit(EXIT_USAGE)
     except KvforgeError as exc:  # raised outside a command (e.g. while parsing the group)
-        fail(str(exc), exc.exit_code, as_json)
+        finish(exc, as_json)
     except SystemExit:
         raise
     except KeyboardInterrupt:
@@ -952,7 +780,7 @@ def run_cli(group: click.Group, args: list[str] | None, prog_name: str | None, *
         where = crash_report(exc)
         msg = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
         msg += f" (a bug in kvforge; traceback: {where})" if where else " (a bug in kvforge)"
-        fail(msg, EXIT_INTERNAL, as_json)
+        finish(KvforgeError(msg, EXIT_INTERNAL), as_json)
     sys.exit(code if isinstance(code, int) else 0)
 
 

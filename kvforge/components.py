@@ -34,10 +34,12 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from . import gitutil
-from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
+from .errors import EXIT_ENV, EXIT_LINT, EXIT_USAGE, KvforgeError
 from .fsutil import file_lock
+from .outcome import Done, Outcome
 from .runner import tree_name
 from .series import read_series
 from .targets import STANDINS_DIR, Component, Target, load_all, load_target
@@ -205,6 +207,19 @@ def lint_selected(target_names=(), component: str | None = None):
     return checked, len(comps), problems
 
 
+def lint_command(target_names=(), component: str | None = None) -> Done:
+    """`kvforge lint`: exit 1 when there are problems; the problems and the summary say why (on
+    stderr, the summary, when there are problems)."""
+    checked, nseries, problems = lint_selected(target_names, component)
+    summary = f"{checked} patches in {nseries} series: " + (
+        f"{len(problems)} problem{'s' if len(problems) > 1 else ''}" if problems else "clean")
+    data = {"patches": checked, "problems": [{"file": str(p.path), "line": p.line, "message": p.message}
+                                             for p in problems]}
+    if problems:
+        return Done(data, "\n".join(str(p) for p in problems), EXIT_LINT, aside=summary)
+    return Done(data, summary)
+
+
 # ---------------------------------------------------------------- commands over every component
 
 def contexts(ctx, component: str | None, platform: str | None = None) -> list:
@@ -225,33 +240,23 @@ def contexts(ctx, component: str | None, platform: str | None = None) -> list:
     return [ctx if c.name == ctx.component.name else ctx.for_component(c.name) for c in comps]
 
 
-def run_each(ctxs: list, run, show, verdict, as_json: bool) -> None:
-    """Run `run(ctx)` for each context in order and render each result with `show(result, as_json)`
-    (which raises the result's KvforgeError after printing it). One context: exactly `show`. Several:
-    every one runs whatever the others gave; text shows each as it finishes, --json prints one
-    object {target, ok, components: [...]}; then the first failure's error (and exit code) is raised."""
+def run_each(ctxs: list, run: Callable[[Any], Outcome]) -> Outcome:
+    """Run `run(ctx)` for each context in order: one context gives exactly its outcome. Several: every
+    one runs whatever the others gave; the text is each one's in turn, the JSON one object
+    {target, ok, components: [...]}; the exit code and error are the first failure's (in the JSON
+    "error" names its component: "<target>/<component>: <error>")."""
     if len(ctxs) == 1:
-        show(run(ctxs[0]), as_json)
-        return
-    from .report import emit_json
-
-    docs, first = [], None
-    for c in ctxs:
-        result = run(c)
-        code, error = verdict(result)
-        if as_json:
-            docs.append({**result.to_json(), "exit": code, "error": error})
-        else:
-            try:
-                show(result, False)
-            except KvforgeError as exc:
-                first = first or exc
-        if code and first is None and as_json:
-            first = KvforgeError(f"{c.label}: {error}", code, emitted=True)
-    if as_json:
-        emit_json({"target": ctxs[0].target.name, "ok": first is None, "components": docs})
-    if first is not None:
-        raise first
+        return run(ctxs[0])
+    outcomes = [run(c) for c in ctxs]
+    failed = next(((c, o) for c, o in zip(ctxs, outcomes) if o.exit_code), None)
+    data: dict[str, Any] = {"target": ctxs[0].target.name, "ok": failed is None,
+                            "components": [o.to_json() for o in outcomes]}
+    if failed is not None:
+        data.update(error=f"{failed[0].label}: {failed[1].error}", exit=failed[1].exit_code)
+    texts = [t for t in (o.render() for o in outcomes) if t]
+    return Done(data, "".join(t if t.endswith("\n") else t + "\n" for t in texts),
+                failed[1].exit_code if failed else 0, failed[1].error if failed else None,
+                [n for o in outcomes for n in getattr(o, "notes", [])])
 
 
 def component_of_tree(target: Target, from_rev: str | None) -> str | None:

@@ -53,6 +53,7 @@ from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from .fsutil import file_lock
 from .envcore import (DATA, PLUGIN_ENTRY_POINT, TEST_TOOLS, XGRAMMAR_FFI, Env, EnvSpec, build_plugin_wheel,
                       ensure_hf_home, run_logged)
+from .outcome import Done
 from .torchsource import Progress, canonical, install_torch, torch_sources
 from .userenv import user_env
 
@@ -291,3 +292,11 @@ def external_env(python: Path, cache: Cache, progress: Progress | None = None, p
                  "$KVFORGE_PYTHON checks it and supplies what it lacks)")
     return Env(path=python.parent.parent, python=python, key="external", hf_home=ensure_hf_home(cache),
                external=True, platform=platform)
+
+
+def env_command(ctx, rebuild: bool = False, platform: str = "cpu") -> Done:
+    """`kvforge env`: the target's environment (built once), and how it came to be."""
+    env = target_env(ctx, rebuild=rebuild, platform=platform)
+    how = "external" if env.external else ("reused" if env.reused else f"built in {env.seconds:.0f}s")
+    return Done(env.to_json(), f"{ctx.target.name}: env {env.key} ({how}): {env.python}"
+                + (f"; overlay {env.overlay}" if getattr(env, "overlay", None) else ""))

@@ -30,17 +30,17 @@ class KvforgeError(Exception):
     """A user-facing failure. `exit_code` is one of EXIT_CODES; the message is one line.
 
     `data`: extra keys of the JSON error object ({"error", "exit", **data}); `text`: a human report
-    printed before the error line (e.g. the per-patch table of a failed apply). cli.finish renders both.
+    printed on stdout before the error line (e.g. the per-patch table of a failed apply); `notes`:
+    warnings printed before it. cli.finish renders all of them.
     """
 
     exit_code = EXIT_USAGE
-    emitted = False  # True when the command already printed its JSON document (with "error" and "exit")
 
-    def __init__(self, message: str, exit_code: int | None = None, emitted: bool = False,
-                 data: dict | None = None, text: str = ""):
+    def __init__(self, message: str, exit_code: int | None = None, data: dict | None = None, text: str = "",
+                 notes: list[str] | None = None):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
-        self.emitted = emitted
         self.data = data or {}
         self.text = text
+        self.notes = notes or []

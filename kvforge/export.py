@@ -28,6 +28,8 @@ from pathlib import Path
 from . import gitutil, seriesdir
 from .engine import format_patch
 from .errors import EXIT_USAGE, KvforgeError
+from .outcome import Done
+from .report import table
 from .series import FIX_ID_RE, lint_directory, parse_patch
 from .targets import display_path
 from .trees import commits_since, resolve_from
@@ -266,3 +268,10 @@ def _branch_head(repo: Path, branch: str) -> str:
         raise KvforgeError(f"{display_path(repo) or '.'} has no branch {branch}; name the commits with --from REV "
                            "(or DIR:REV)", EXIT_USAGE)
     return head
+
+
+def export_command(ctx, out: Path | None = None, renumber: bool = False) -> Done:
+    """`kvforge export`: one row per patch file (its Fix-Id and what happened to it), then the summary."""
+    result = export_target(ctx, out=out, renumber=renumber)
+    return Done(result.to_json(), table(["patch", "fix-id", "file"], [[e.name, e.fix_id, e.status] for e in result.files])
+                + "\n" + result.summary())

@@ -51,11 +51,12 @@ from . import gitutil
 from . import platforms as platforms_mod
 from .errors import EXIT_USAGE, KvforgeError
 from .nodes import minimal
+from .outcome import Done
 from .platforms import BUILD, JOB_KINDS, JobKind, Platform
 from .report import table
 from .runner import hardware_steps, tree_name
 from .series import read_series
-from .targets import Component, Target
+from .targets import Component, Target, load_all, load_target, project_root
 
 GITHUB_MAX_JOBS = 256  # per matrix (GitHub Actions' limit)
 CACHE_DIR = ".kvforge-cache"  # $KVFORGE_CACHE in CI, relative to the checkout
@@ -427,3 +428,15 @@ def render_table(m: Matrix) -> str:
     return (table(["job", "kind", "shard", "runs-on", "runs anywhere", "command"], rows) +
             f"\n{len(m.jobs)} jobs; cuda and npu jobs are generated for their runners, never run or reported as "
             f"passed by kvforge matrix" + tail)
+
+
+def matrix_command(fmt: str, changed_since: str | None, kinds: tuple[str, ...], target_names: tuple[str, ...],
+                   cuda_shards: int, runs_on: tuple[str, ...]) -> Done:
+    """`kvforge matrix`: the jobs, as JSON (--json, --format json) or as the text of `fmt`."""
+    root = project_root()
+    targets = [load_target(n, root) for n in target_names] if target_names else load_all(root)
+    m = build_matrix(targets, root, changed_since, tuple(kinds) or tuple(JOB_KINDS), cuda_shards, parse_runs_on(runs_on))
+    texts = {"github": lambda: github_outputs(m), "buildkite": lambda: to_yaml(buildkite_pipeline(m)),
+             "buildkite-vllm": lambda: to_yaml(vllm_steps(m)), "commands": lambda: "\n".join(j.command for j in m.jobs),
+             "targets": lambda: "\n".join(dict.fromkeys(j.target for j in m.jobs)), "table": lambda: render_table(m)}
+    return Done(m.to_json(), "" if fmt == "json" else texts[fmt]())

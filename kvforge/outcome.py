@@ -5,8 +5,13 @@ this shape; a failure that has something to show besides its one line is a Kvfor
 `data` (extra keys of its JSON error object) and `text` (the human report printed before the line).
 cli.finish is the one place that turns either into stdout, stderr and an exit code:
 
-- with --json: `to_json()` (plus "error" and "exit" when exit_code != 0) on stdout;
-- otherwise: `render()` on stdout, and "kvforge: error: <error>" on stderr when exit_code != 0.
+- with --json: `to_json()` (plus "error" and "exit" when exit_code != 0; keys the document has
+  itself win) on stdout;
+- otherwise: `render()` on stdout (a newline added unless it ends with one; "" prints nothing),
+  then the optional `aside` on stderr, and "kvforge: error: <error>" on stderr when failing;
+- in both: the optional `notes` first, each "kvforge: warning: <note>" on stderr; then the exit code.
+One exception to "error is set exactly when exit_code != 0": an outcome whose render already says
+why (bench prefix-cache's errors, lint's problems) may fail with error None: no error line then.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Done:
     exit_code: int = 0
     error: str | None = None
     notes: list[str] = field(default_factory=list)  # warnings, printed on stderr before the result
+    aside: str = ""  # text mode only: printed on stderr after the result (e.g. "kvforge: wrote FILE")
 
     def to_json(self) -> Any:
         return self.data

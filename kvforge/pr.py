@@ -43,8 +43,18 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from jinja2 import (BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound,
+                    TemplateSyntaxError)
+from jinja2.sandbox import SandboxedEnvironment
+from packaging.version import InvalidVersion, Version
+
 from . import evidence, gitutil
 from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .fsutil import atomic_write_text
+from .outcome import Done
+from .series import read_series
+from .targets import load_all, project_root
+from .trees import open_stack
 
 STYLES = ("vllm", "vllm-ascend")
 TEMPLATES = Path(__file__).resolve().parent / "data" / "templates"
@@ -144,8 +154,6 @@ class Text:
 def _env(user_template: Path | None = None):
     """The one jinja2 environment: sandboxed, StrictUndefined, loads only kvforge's templates (and
     the user's one file)."""
-    from jinja2 import BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateNotFound
-    from jinja2.sandbox import SandboxedEnvironment
 
     class OneFile(BaseLoader):
         def __init__(self, path: Path, text: str):
@@ -156,7 +164,7 @@ def _env(user_template: Path | None = None):
                 raise TemplateNotFound(template)
             return self.text, str(self.path), lambda: True
 
-    loaders = [FileSystemLoader(str(TEMPLATES))]
+    loaders: list[BaseLoader] = [FileSystemLoader(str(TEMPLATES))]
     if user_template is not None:
         try:
             text = Path(user_template).read_text(encoding="utf-8")
@@ -174,7 +182,6 @@ def render_template(name: str, data: dict, user_template: Path | None = None) ->
     """Render a template with `data`: (text, the title it sets with `{% set title = ... %}`, if any).
 
     Any template problem is one line naming the template file and line (EXIT_USAGE)."""
-    from jinja2 import TemplateError, TemplateNotFound, TemplateSyntaxError
 
     env = _env(user_template)
     label = str(user_template) if user_template is not None else name
@@ -256,7 +263,6 @@ def vllm_template(stack, release_version: str) -> tuple[UpstreamTemplate, str | 
     label = f"{stack.base.ref} ({stack.base.commit[:12]})"
     if res.returncode == 0:
         return parse_upstream_template(res.stdout, f"{UPSTREAM_TEMPLATE} of {label}"), None
-    from packaging.version import InvalidVersion, Version
 
     try:
         layout = "overview" if Version(release_version) >= Version("0.33.0") else "purpose"
@@ -645,7 +651,6 @@ def _patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str],
 
 def _common(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> dict:
     comp, base = ctx.component, stack.base
-    from .targets import project_root
 
     try:
         series_dir = os.path.relpath(comp.series_dir, project_root())
@@ -673,7 +678,6 @@ def _common(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> 
 def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = None,
                  allow_stale: bool = False) -> Text:
     """One fix of ctx's series as a PR title and body (see the module docstring)."""
-    from .trees import open_stack
 
     if style not in STYLES:
         raise KvforgeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}", EXIT_USAGE)
@@ -736,7 +740,6 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
 
 def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) -> Text:
     """Release notes for ctx's patched build: identity, one entry per fix, evidence, what the base has."""
-    from .trees import open_stack
 
     stack = open_stack(ctx)
     target, key = ctx.target.name, stack.key
@@ -822,9 +825,6 @@ def _no_such_fix(ctx, stack, fix_id: str) -> KvforgeError:
                             "for it, so there is no PR to describe", EXIT_USAGE)
     carried = []
     try:
-        from .series import read_series
-        from .targets import load_all
-
         for t in load_all():
             if t.name != name and any(p.fix_id == fix_id for c in t.components
                                       for p in read_series(c.series_dir).patches):
@@ -877,3 +877,32 @@ def open_pr(pr: Text, gh: str) -> str:
     if res.returncode != 0:
         raise KvforgeError(f"gh pr create failed (exit {res.returncode}); its message is above", EXIT_ENV)
     return res.stdout.strip()
+
+
+def publish(result: Text, out: Path | None, gh: str | None = None) -> Done:
+    """How `kvforge pr` and `kvforge notes` end: the text on stdout or written to --out (atomically),
+    handed to gh when asked (its URL printed); the evidence warnings on stderr, also when this fails."""
+    try:
+        if out is not None:
+            try:
+                atomic_write_text(out, result.text)
+            except OSError as exc:
+                raise KvforgeError(f"--out {out}: cannot write: {exc.strerror or exc}", EXIT_ENV) from None
+        url = open_pr(result, gh) if gh else None
+    except KvforgeError as exc:
+        exc.notes = result.warnings + exc.notes
+        raise
+    data = {**result.to_json(), "text": result.text, "out": str(out) if out else None, "opened": url}
+    text = (result.text if out is None else "") + (f"{url}\n" if url else "")
+    return Done(data, text, notes=list(result.warnings), aside=f"kvforge: wrote {out}" if out is not None else "")
+
+
+def pr_command(ctx, fix_id: str, style: str, template: Path | None, allow_stale: bool, out: Path | None,
+               gh: str | None) -> Done:
+    """`kvforge pr`: the fix's pull request description, published."""
+    return publish(pull_request(ctx, fix_id, style, template, allow_stale), out, gh)
+
+
+def notes_command(ctx, template: Path | None, allow_stale: bool, out: Path | None) -> Done:
+    """`kvforge notes`: the release notes, published."""
+    return publish(release_notes(ctx, template, allow_stale), out)

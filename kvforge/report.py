@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Iterable, Sequence
 
 
@@ -20,6 +19,6 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-def emit_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
-    sys.stdout.write("\n")
+def json_text(data: Any) -> str:
+    """A command's JSON document as printed: indented, keys sorted, anything else as str()."""
+    return json.dumps(data, indent=2, sort_keys=True, default=str)

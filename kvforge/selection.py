@@ -311,6 +311,8 @@ class ScanReport:
     hits: list[Hit]
     selection: list[str]
     trials: list[Trial] = field(default_factory=list)
+    exit_code = 0  # an Outcome (kvforge.outcome): a scan always succeeds
+    error = None
 
     @property
     def unlisted(self) -> list[str]:
@@ -321,6 +323,9 @@ class ScanReport:
         return {"target": self.target, "component": self.component, "base": self.base, "touched": self.touched,
                 "hits": [h.to_json() for h in self.hits], "selection": self.selection, "unlisted": self.unlisted,
                 "trials": [t.to_json() for t in self.trials]}
+
+    def render(self) -> str:
+        return render_scan_report(self)
 
 
 def covered(module: str, selection: Iterable[str]) -> bool:
@@ -359,18 +364,10 @@ def package_of(component) -> str:
     return component.name.replace("-", "_")
 
 
-def print_scan_report(report: ScanReport, as_json: bool, out=None) -> None:
+def render_scan_report(report: ScanReport) -> str:
     """The modules the series can break, whether the selection has each, and (when tried) which run on CPU."""
-    import click
-
-    from .report import emit_json
-
-    echo = out or click.echo
-    if as_json:
-        emit_json(report.to_json())
-        return
-    echo(f"{report.target}/{report.component} ({report.base[:12]}): the series touches {len(report.touched)} "
-         f"modules; {len(report.hits)} test modules import one (directly or through their directory's helpers)")
+    lines = [f"{report.target}/{report.component} ({report.base[:12]}): the series touches {len(report.touched)} "
+             f"modules; {len(report.hits)} test modules import one (directly or through their directory's helpers)"]
     trials = {t.module: t for t in report.trials}
     for h in report.hits:
         listed = covered(h.module, report.selection)
@@ -380,9 +377,9 @@ def print_scan_report(report: ScanReport, as_json: bool, out=None) -> None:
             f"not selected, runs on CPU ({t.passed} passed, {t.failed} failed, {t.errors} errors, {t.seconds:.0f}s)"
             if t.runs else f"not selected, does not run on CPU: {t.why}")
         via = f" via {' -> '.join(h.via)}" if h.via else ""
-        echo(f"  {h.module}: {state} [{', '.join(h.reaches)}{via}]")
+        lines.append(f"  {h.module}: {state} [{', '.join(h.reaches)}{via}]")
     runs = [t.module for t in report.trials if t.runs]
     if runs:
-        echo("to add to [components.tests] cpu:")
-        for m in runs:
-            echo(f'    "{m}",')
+        lines.append("to add to [components.tests] cpu:")
+        lines += [f'    "{m}",' for m in runs]
+    return "\n".join(lines)

@@ -16,9 +16,10 @@ from .context import Progress
 from .errors import KvforgeError
 from .ledger import Entry
 from .ledger import load as load_ledger
+from .outcome import Done
 from .report import table
 from .series import read_series
-from .targets import Target
+from .targets import Target, load_all
 from .upstream import NewBase, evaluate_drop_when, new_base_info
 
 
@@ -185,3 +186,12 @@ def short_status(value: str) -> str:
     if pr:
         return f"{name} #{pr.group(1)}"
     return f"{name} [{detail}]" if detail else name
+
+
+def status_command(cache, check: bool, progress=None) -> Done:
+    """`kvforge status`: the fixes x targets matrix, or with --check each patch's Drop-When verdict."""
+    if check:
+        rows = drop_check(load_all(), cache, progress)
+        return Done(drop_check_json(rows), render_drop_check(rows))
+    matrix = status_matrix(load_all())
+    return Done(matrix.to_json(), render_status(matrix))

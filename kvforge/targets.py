@@ -20,7 +20,9 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from .errors import EXIT_ENV, EXIT_USAGE, KvforgeError
+from .outcome import Done
 from .platforms import PLATFORMS  # the platforms are data in one module
+from .report import table
 
 
 @dataclass(frozen=True)
@@ -359,3 +361,14 @@ def parse_wheel_pin(value, where: str, release: Release, fail) -> WheelPin | Non
     if name != canonicalize_name(release.package) or version != Version(release.version):
         raise fail(f"{where}.filename {filename!r} is not a wheel of {release.package}=={release.version}")
     return WheelPin(filename=filename, sha256=sha.lower())
+
+
+def targets_command() -> Done:
+    """`kvforge targets`: one row per component of every target."""
+    root = project_root()
+    rows = [{"target": t.name, "component": c.name, "ref": c.ref, "release": f"{c.release.package}=={c.release.version}",
+             "series": os.path.relpath(c.series_dir, root), "platforms": list(c.platforms),
+             "description": t.description} for t in load_all() for c in t.components]
+    return Done(rows, table(["target", "component", "upstream ref", "offline source", "series", "platforms"],
+                            [[r["target"], r["component"], r["ref"], r["release"], r["series"], ",".join(r["platforms"])]
+                             for r in rows]))

@@ -21,15 +21,20 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from . import evidence
-from .env import Env
+from .components import contexts, describe_layer, run_each
+from .env import Env, target_env
 from .platforms import HARDWARE
 from .platforms import get as get_platform
 from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .outcome import Done, Outcome
 from .runner import hardware_command
+from .selection import scan_target
 from .targets import Component, Target
+from .trees import open_stack
 
 FAILING = ("failed", "error", "missing")
 PYTEST_EXIT = {0: "all passed", 1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
@@ -141,7 +146,7 @@ def run_pytest(env: Env, tree: Path, selectors: list[str], junit: Path, properti
                timeout: float | None = None) -> RunResult:
     """Run the selectors that exist in `tree` in one pytest process; parse its JUnit XML."""
     result = RunResult(label=label, commit=commit, selectors=list(selectors))
-    present = []
+    present: list[str] = []
     for s in selectors:
         (present if (tree / s.split("::", 1)[0]).exists() else result.not_in_tree).append(s)
     if not present:
@@ -179,6 +184,7 @@ def run_pytest(env: Env, tree: Path, selectors: list[str], junit: Path, properti
         watchdog.daemon = True
         watchdog.start()
         try:
+            assert proc.stdout is not None  # stdout=PIPE
             for line in proc.stdout:
                 out.write(line)
                 if echo is not None:
@@ -248,8 +254,8 @@ def parse_junit(path: Path) -> tuple[list[Case], dict[str, list[str]]]:
 def first_line(el: ET.Element) -> str:
     """The one line that says why: the message, or for pytest's generic "collection failure" the last
     `E   ` line of the report (e.g. the ImportError a test module raised)."""
-    message = (el.get("message") or "").strip().splitlines()[:1]
-    message = message[0] if message else ""
+    lines = (el.get("message") or "").strip().splitlines()[:1]
+    message = lines[0] if lines else ""
     if message in ("", "collection failure"):
         errs = [ln[1:].strip() for ln in (el.text or "").splitlines() if ln.startswith("E ")]
         message = errs[-1] if errs else message
@@ -313,8 +319,6 @@ def selection(comp: Component, platform: str, checks: list[str], where: Path) ->
 
 
 def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: bool = True) -> TestResult:
-    from .env import target_env
-    from .trees import open_stack
 
     target, comp, say = ctx.target, ctx.component, ctx.progress
     series = ctx.series() if platform != "cpu" or not ctx.from_rev else None
@@ -346,8 +350,8 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
             result.skipped_checks = [c for c in checks if c not in comp.tests[platform]
                                      and not (stack.worktree / c.split("::", 1)[0]).exists()]
             nodes = [x for x in nodes if x not in result.skipped_checks]
-            for c in result.skipped_checks:
-                say(f"skipping {c}: not in the base tree (a patch adds it)")
+            for node in result.skipped_checks:
+                say(f"skipping {node}: not in the base tree (a patch adds it)")
         say(f"running {len(nodes)} selectors on the {state} tree of {target.name} ({commit[:12]}) with env {env.key}")
         run = run_pytest(env, stack.worktree, nodes, rdir / "junit.xml",
                          run_properties(target, comp, stack, platform, state, commit), state, commit, keyword,
@@ -380,7 +384,7 @@ def test_target(ctx, platform: str, on_base: bool, keyword: str | None, stream: 
     return result
 
 
-test_target.__test__ = False  # not a pytest test function
+test_target.__test__ = False  # type: ignore[attr-defined]  # pytest's marker: not a test function
 
 
 def summary_line(run: RunResult) -> str:
@@ -402,39 +406,43 @@ def test_verdict(result: TestResult) -> tuple[int, str | None]:
     return 0, None
 
 
-def print_test_result(result: TestResult, as_json: bool, out: Callable[[str], None] | None = None) -> None:
-    import click
+def render_test_result(result: TestResult) -> str:
+    """The text of `kvforge test`: the command a runner would run, or the failures and a summary."""
+    if result.command is not None:
+        return f"# {result.target} {result.platform} tests: on a runner with {HARDWARE[result.platform]}:\n" \
+               + result.command
+    run = result.run
+    assert run is not None  # no runner command: pytest ran here
+    lines = []
+    if result.skipped_checks:
+        lines.append(f"skipped {len(result.skipped_checks)} Checks tests the base tree does not have (patches add them)")
+    lines += [f"FAILED {p}" for p in run.problems()]
+    lines += [f"MISSING {m}: not in this tree" for m in run.not_in_tree + run.missing if m not in result.skipped_checks]
+    lines += compare_lines(result.compare, True)
+    if result.layer:
+        lines.append(describe_layer(result.layer))
+    lines.append(f"{result.target} {result.state} ({run.commit[:12]}, series {result.series}, {result.patches} "
+                 f"patches), {result.platform}: {summary_line(run)}")
+    if run.junit:
+        lines.append(f"JUnit XML: {run.junit}")
+    return "\n".join(lines)
 
-    echo = out or click.echo
+
+def outcome_of(result: TestResult) -> Done:
+    """A test run as `kvforge test` ends: its JSON carries "exit" and "error" (null when it passed)."""
     code, error = test_verdict(result)
-    if as_json:
-        from .report import emit_json
+    return Done({**result.to_json(), "exit": code, "error": error}, render_test_result(result), code, error)
 
-        emit_json({**result.to_json(), "exit": code, "error": error})
-    elif result.command is not None:
-        echo(f"# {result.target} {result.platform} tests: on a runner with {HARDWARE[result.platform]}:")
-        echo(result.command)
-    else:
-        run = result.run
-        if result.skipped_checks:
-            echo(f"skipped {len(result.skipped_checks)} Checks tests the base tree does not have (patches add them)")
-        for p in run.problems():
-            echo(f"FAILED {p}")
-        for m in run.not_in_tree + run.missing:
-            if m not in result.skipped_checks:
-                echo(f"MISSING {m}: not in this tree")
-        for line in compare_lines(result.compare, True):
-            echo(line)
-        if result.layer:
-            from .components import describe_layer
 
-            echo(describe_layer(result.layer))
-        echo(f"{result.target} {result.state} ({run.commit[:12]}, series {result.series}, {result.patches} patches), "
-             f"{result.platform}: {summary_line(run)}")
-        if run.junit:
-            echo(f"JUnit XML: {run.junit}")
-    if error:
-        raise KvforgeError(error, code, emitted=as_json)
+def run_command(ctx, component: str | None, platform: str, on_base: bool, keyword: str | None, scan: bool,
+                 try_cpu: bool) -> Outcome:
+    """`kvforge test`: with --scan/--try the selection scan; else the tests of each component."""
+    if scan or try_cpu:
+        return scan_target(ctx, try_cpu)
+    return run_each(contexts(ctx, component, platform),
+                    lambda c: outcome_of(test_target(c, platform, on_base, keyword)))
+
+
 
 
 # ---------------------------------------------------------------- base vs patched: whose failure is it
@@ -483,18 +491,18 @@ class Comparison:
                 "fixed": self.fixed}
 
 
-def judged(nodeid: str, selectors: list[str], checks: list[str]) -> bool:
+def judged(nodeid: str, selectors: list[str], checks: Sequence[str]) -> bool:
     """A test of the selection that is not one of the series' Checks."""
     return any(node_matches(nodeid, s) for s in selectors) and not any(node_matches(nodeid, c) for c in checks)
 
 
-def failing_ids(run: RunResult, selectors: list[str], checks: list[str] = ()) -> list[str]:
+def failing_ids(run: RunResult, selectors: list[str], checks: Sequence[str] = ()) -> list[str]:
     """The selection's test ids (files, for a collection error) that fail or error in `run`."""
     return unique(c.nodeid for c in run.cases
                   if c.outcome in ("failed", "error") and judged(c.nodeid, selectors, checks))
 
 
-def compare(base: RunResult, patched: RunResult, selectors: list[str], checks: list[str] = (),
+def compare(base: RunResult, patched: RunResult, selectors: list[str], checks: Sequence[str] = (),
             base_source: str = "run") -> Comparison:
     """Per test id of the selection (Checks excluded): pre-existing, new or fixed."""
     cmp = Comparison(base_source, base.commit, base.counts(), base.seconds)

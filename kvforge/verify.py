@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
-from .errors import EXIT_TESTS, KvforgeError
+from .errors import EXIT_TESTS
 from . import evidence
+from .components import contexts, describe_layer, run_each
+from .env import target_env
+from .outcome import Done, Outcome
+from .report import table
+from .trees import open_stack
 from .testrun import (RunResult, against_base, compare, compare_lines, run_properties, run_pytest, selection,
                       summary_line, unique)
 
@@ -126,8 +131,8 @@ def plan(patches, final_nodes: list[str], stack=None) -> tuple[dict[int, list[st
     return {n: unique(nodes) for n, nodes in needs.items() if nodes}, overlays
 
 
-def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_base: bool, commit: str,
-          overlaid: list[str] = ()) -> PatchVerdict:
+def judge(n: int, patch, before: RunResult, after: RunResult, in_base: bool, commit: str,
+          overlaid: Sequence[str] = ()) -> PatchVerdict:
     v = PatchVerdict(n, patch.name, patch.fix_id, patch.kind, "pass-to-pass", in_base=in_base, commit=commit)
     if patch.kind != "fix":
         v.reason = f"Kind {patch.kind}: held to the regression suite only"
@@ -135,20 +140,21 @@ def judge(n: int, patch, before: RunResult | None, after: RunResult | None, in_b
     if not patch.checks:
         v.status, v.reason = "unproven", "Kind fix with no Checks: nothing shows it fixes anything"
         return v
+    outcomes: dict[str, tuple[str, str]] = {}  # node -> (before, after): both ran for a fix with Checks
     for node in patch.checks:
-        b = before.outcome(node)
+        b, a = outcomes[node] = before.outcome(node), after.outcome(node)
         how = "from the patch" if node.split("::", 1)[0] in overlaid else ("absent" if b == "missing" else "in tree")
         message = before.message_of(node)
-        v.checks.append(CheckResult(node, b, after.outcome(node), before.seconds_of(node), after.seconds_of(node),
+        v.checks.append(CheckResult(node, b, a, before.seconds_of(node), after.seconds_of(node),
                                     how, message, after.message_of(node), before_kind=fail_kind(b, message)))
-    not_after = [c for c in v.checks if c.after != "passed"]
-    not_before = [c for c in v.checks if c.before not in ("failed", "error", "missing")]
+    not_after = [c.node for c in v.checks if c.after != "passed"]
+    not_before = [c.node for c in v.checks if c.before not in ("failed", "error", "missing")]
     if not_after:
         v.status = "failing"
-        v.reason = "; ".join(f"{c.node} {VERB[c.after]} with the patch" for c in not_after)
+        v.reason = "; ".join(f"{node} {VERB[outcomes[node][1]]} with the patch" for node in not_after)
     elif not_before:
         v.status = "unproven"
-        v.reason = "; ".join(f"{c.node} already {VERB[c.before]} before the patch" for c in not_before)
+        v.reason = "; ".join(f"{node} already {VERB[outcomes[node][0]]} before the patch" for node in not_before)
         if in_base:
             v.reason += " (the patch is already in the base)"
     elif not any(c.before_kind == "behaviour" for c in v.checks):
@@ -185,9 +191,6 @@ def fail_kind(before: str | None, message: str) -> str | None:
 
 def verify_target(ctx) -> VerifyReport:
     """Prove ctx's series (the series files, or the commits of --from) patch by patch on CPU."""
-    from .env import target_env
-    from .trees import open_stack
-
     say = ctx.progress
     start = time.monotonic()
     target, comp = ctx.target, ctx.component
@@ -267,60 +270,57 @@ def verdict(report: VerifyReport) -> tuple[int, str | None]:
     return EXIT_TESTS, f"verify {report.target}: " + ", ".join(p for p in parts if p)
 
 
-def print_verify_report(report: VerifyReport, as_json: bool, out: Callable[[str], None] | None = None) -> None:
-    import click
-
-    from .report import emit_json, table
-
-    echo = out or click.echo
-    code, error = verdict(report)
-    if as_json:
-        emit_json({**report.to_json(), "exit": code, "error": error})
-    else:
-        echo(f"{report.target}/{report.component}: {report.base_ref} ({report.base[:12]}, {report.base_source}) + "
-             f"series {report.series} ({len(report.patches)} patches), env {report.env}, {report.platform}")
-        if report.layer:
-            from .components import describe_layer
-
-            echo(describe_layer(report.layer))
-        if report.patches:
-            rows = []
-            for p in report.patches:
-                fb = _frac(p.fail_before(), sum(c.before_seconds for c in p.checks))
-                if p.checks and all(c.before == "missing" for c in p.checks):
-                    fb = f"{len(p.checks)}/{len(p.checks)} (absent)"
-                pa = _frac(p.pass_after(), sum(c.after_seconds for c in p.checks))
-                kinds = [c.before_kind for c in p.checks if c.before_kind]
-                why = ", ".join(f"{kinds.count(k)} {k}" for k in ("behaviour", "absent-api", "absent-test")
-                                if kinds.count(k)) or "-"
-                status = p.status + (" (in base)" if p.in_base else "")
-                rows.append([p.n, p.name, p.kind, fb, why, pa, status])
-            echo(table(["#", "patch", "kind", "fail-before", "why it failed before", "pass-after", "result"], rows))
-        else:
-            echo("nothing to prove: the series is empty")
-        if any(c.before_how == "from the patch" for p in report.patches for c in p.checks):
-            echo("fail-before: a Checks file a patch adds is run on the tree before that patch (old code, new test)")
-        if any(c.before_kind for p in report.patches for c in p.checks):
-            echo("why: behaviour = an assertion about vLLM's behaviour failed; absent-api = the API the test uses does "
-                 "not exist yet (import/attribute/keyword); a fix needs at least one behaviour")
+def render_verify_report(report: VerifyReport) -> str:
+    """The text of `kvforge verify`: one row per patch, the regression suite, and OK when all is proven."""
+    lines = [f"{report.target}/{report.component}: {report.base_ref} ({report.base[:12]}, {report.base_source}) + "
+             f"series {report.series} ({len(report.patches)} patches), env {report.env}, {report.platform}"]
+    if report.layer:
+        lines.append(describe_layer(report.layer))
+    if report.patches:
+        rows = []
         for p in report.patches:
-            if not p.ok:
-                echo(f"  {p.n}: {p.reason}")
-        r = report.regression
-        extra = f" + {len(r['checks'])} Checks" if r["checks"] else ""
-        where = "the patched tree" if report.patches else "the base tree"
-        sel = r["selection"]
-        echo(f"regression ({', '.join(sel) if len(sel) <= 3 else f'{len(sel)} test modules'}{extra}) on {where}: "
-             f"{r['passed']} passed, {r['failed']} failed, {r['errors']} errors, {r['skipped']} skipped in "
-             f"{r['seconds']:.1f}s" + ("" if r["ok"] else f"  FAILED: {r['reason']}"))
-        for line in compare_lines(r.get("compare") or {}, bool(report.patches)):
-            echo(line)
-        echo(f"report: {report.report} ({len(report.runs)} pytest runs, {report.seconds:.1f}s)")
-    if error:
-        raise KvforgeError(error, code, emitted=as_json)
-    if not as_json:
+            fb = _frac(p.fail_before(), sum(c.before_seconds for c in p.checks))
+            if p.checks and all(c.before == "missing" for c in p.checks):
+                fb = f"{len(p.checks)}/{len(p.checks)} (absent)"
+            pa = _frac(p.pass_after(), sum(c.after_seconds for c in p.checks))
+            kinds = [c.before_kind for c in p.checks if c.before_kind]
+            why = ", ".join(f"{kinds.count(k)} {k}" for k in ("behaviour", "absent-api", "absent-test")
+                            if kinds.count(k)) or "-"
+            status = p.status + (" (in base)" if p.in_base else "")
+            rows.append([p.n, p.name, p.kind, fb, why, pa, status])
+        lines.append(table(["#", "patch", "kind", "fail-before", "why it failed before", "pass-after", "result"], rows))
+    else:
+        lines.append("nothing to prove: the series is empty")
+    if any(c.before_how == "from the patch" for p in report.patches for c in p.checks):
+        lines.append("fail-before: a Checks file a patch adds is run on the tree before that patch (old code, new test)")
+    if any(c.before_kind for p in report.patches for c in p.checks):
+        lines.append("why: behaviour = an assertion about vLLM's behaviour failed; absent-api = the API the test uses "
+                     "does not exist yet (import/attribute/keyword); a fix needs at least one behaviour")
+    lines += [f"  {p.n}: {p.reason}" for p in report.patches if not p.ok]
+    r = report.regression
+    extra = f" + {len(r['checks'])} Checks" if r["checks"] else ""
+    where = "the patched tree" if report.patches else "the base tree"
+    sel = r["selection"]
+    lines.append(f"regression ({', '.join(sel) if len(sel) <= 3 else f'{len(sel)} test modules'}{extra}) on {where}: "
+                 f"{r['passed']} passed, {r['failed']} failed, {r['errors']} errors, {r['skipped']} skipped in "
+                 f"{r['seconds']:.1f}s" + ("" if r["ok"] else f"  FAILED: {r['reason']}"))
+    lines += compare_lines(r.get("compare") or {}, bool(report.patches))
+    lines.append(f"report: {report.report} ({len(report.runs)} pytest runs, {report.seconds:.1f}s)")
+    if verdict(report)[0] == 0:
         proven = sum(p.status == "proven" for p in report.patches)
         pre = (report.regression.get("compare") or {}).get("pre_existing_failures", 0)
         suite = "no new failures in the regression suite" + (f" ({pre} pre-existing on the base)" if pre else "")
-        echo(f"verify {report.target}: OK: {proven} fix{'' if proven == 1 else 'es'} proven, {suite}"
-             if report.patches else f"verify {report.target}: OK: nothing to prove, {suite}")
+        lines.append(f"verify {report.target}: OK: {proven} fix{'' if proven == 1 else 'es'} proven, {suite}"
+                     if report.patches else f"verify {report.target}: OK: nothing to prove, {suite}")
+    return "\n".join(lines)
+
+
+def verify_outcome(report: VerifyReport) -> Done:
+    """A report as `kvforge verify` ends: its JSON carries "exit" and "error" (null when all is proven)."""
+    code, error = verdict(report)
+    return Done({**report.to_json(), "exit": code, "error": error}, render_verify_report(report), code, error)
+
+
+def verify_command(ctx, component: str | None) -> Outcome:
+    """`kvforge verify`: each component of the target (or the one given), in order."""
+    return run_each(contexts(ctx, component), lambda c: verify_outcome(verify_target(c)))

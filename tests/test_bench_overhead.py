@@ -170,8 +170,7 @@ def test_render_shows_ratios_work_and_the_mask_line():
     assert "unique-repeat" in line and "50k" in line and "1.100" in line and "same, capped" in line
     assert "200 us per 4096-token chunk = 9.0% of a DSv4 base prefill step (2,200 us)" in text
     assert "g3 (block 4, window 8): 120 us for 1024 blocks, keeps 3.1%" in text
-    lines = []
-    ov.print_overhead(res, lines.append)
+    lines = res.render().splitlines()
     assert any("MISS" in ln and "dsv4/unique-repeat/50000" in ln for ln in lines)
 
 

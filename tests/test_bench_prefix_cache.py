@@ -458,8 +458,7 @@ def test_print_bench_lists_goals_and_files():
     res.rows = pc.aggregate({t.state: t.doc for t in res.trees})
     res.goals = pc.goals(res.rows)
     res.files = ["/x/base.json", "/x/patched.json"]
-    out: list[str] = []
-    pc.print_bench(res, out.append)
+    out = res.render().splitlines()
     text = "\n".join(out)
     assert "ok   dsv4-resend (patched): A.3 hit rate >= 99%: 99.20%" in text
     assert "results: /x/base.json, /x/patched.json" in text
@@ -508,8 +507,7 @@ def test_bench_result_lists_scenarios_that_could_not_run():
     res.rows = pc.aggregate(docs)
     assert res.errors == [("gptoss-eagle", "base", "AssertionError: x")]
     assert res.to_json()["errors"] == [{"scenario": "gptoss-eagle", "tree": "base", "error": "AssertionError: x"}]
-    out: list[str] = []
-    pc.print_bench(res, out.append)
+    out = res.render().splitlines()
     assert "error gptoss-eagle (base): AssertionError: x" in out
 
 
@@ -550,8 +548,7 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
     assert record.kind == "bench-prefix-cache" and record.origin == origin and record.key == stack.key
     assert {k: record.data[k] for k in want} == want
     assert evidence.latest(ctx.cache, stack.key, "bench-prefix-cache", "s0.05-seed3").path == record.path
-    out: list[str] = []
-    pc.print_bench(res, out.append)
+    out = res.render().splitlines()
     assert ("series: --from HEAD (0123456789ab), 2 commit(s), digest 5e41e5d1" in out) == (origin != "series")
     # A VLLM_* setting changes vLLM's behaviour: it is recorded, and the evidence gets its own name.
     monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "0")

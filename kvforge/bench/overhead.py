@@ -379,6 +379,32 @@ class OverheadResult:
     seconds: float = 0.0
     vllm_settings: dict[str, str] = field(default_factory=dict)
     runs: list[dict] = field(default_factory=list)  # every repetition's raw results, for the record
+    exit_code = 0  # an Outcome (kvforge.outcome): the goals never change the exit status
+    error = None
+
+    def render(self) -> str:
+        """The text of `kvforge bench scheduler-overhead`: the run's identity, the table, the goals."""
+        lines = [f"{self.target}/{self.component}: scheduler overhead, scale {self.scale:g}, up to {self.steps} "
+                 f"steps, {self.reps} repetition(s), seed {self.seed}; base {self.commits.get('base', '')[:12]}, "
+                 f"patched {self.commits.get('patched', '')[:12]} (series {self.series}, {self.patches} patch(es))"]
+        if self.origin != "series":
+            lines.append(f"series: {self.origin}")
+        if self.vllm_settings:
+            lines.append("vLLM settings: " + " ".join(f"{k}={v}" for k, v in self.vllm_settings.items()))
+        if self.note:
+            lines.append(self.note)
+        lines += ["", render(self), ""]
+        for g in self.goals:
+            mark = "-   " if g["ok"] is None else ("ok  " if g["ok"] else "MISS")
+            lines.append(f"{mark} {g['case']}: {g['goal']}: {g['value']}")
+        lines += ["", "us/step: CPU time in Scheduler.schedule() + update_from_output() per step (synthetic model "
+                  "output), each step counted at the least time any repetition took; us/req: the same time per "
+                  "admitted request; ratio: patched / base of these (range: the plain per-repetition ratios, the "
+                  f"box's noise); the trees take turns every {SLICE} steps. work: same when both trees ran the same "
+                  "steps, requests, tokens and prefix hits; capped when the step limit ended a case before its "
+                  "workload.",
+                  "results: " + ", ".join(self.files)]
+        return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {
@@ -485,28 +511,3 @@ def bench_scheduler_overhead(ctx, topologies: str = "dsv4,gemma4", kinds: str = 
     record = evidence.Record(KIND, stack.key, name, stack.origin, "cpu", True, data=result.to_json())
     result.files.append(str(evidence.save(cache, record)))
     return result
-
-
-def print_overhead(result: OverheadResult, echo: Callable[[str], None]) -> None:
-    echo(f"{result.target}/{result.component}: scheduler overhead, scale {result.scale:g}, up to {result.steps} steps, "
-         f"{result.reps} repetition(s), seed {result.seed}; base {result.commits.get('base', '')[:12]}, patched "
-         f"{result.commits.get('patched', '')[:12]} (series {result.series}, {result.patches} patch(es))")
-    if result.origin != "series":
-        echo(f"series: {result.origin}")
-    if result.vllm_settings:
-        echo("vLLM settings: " + " ".join(f"{k}={v}" for k, v in result.vllm_settings.items()))
-    if result.note:
-        echo(result.note)
-    echo("")
-    echo(render(result))
-    echo("")
-    for g in result.goals:
-        mark = "-   " if g["ok"] is None else ("ok  " if g["ok"] else "MISS")
-        echo(f"{mark} {g['case']}: {g['goal']}: {g['value']}")
-    echo("")
-    echo("us/step: CPU time in Scheduler.schedule() + update_from_output() per step (synthetic model output), "
-         "each step counted at the least time any repetition took; us/req: the same time per admitted request; ratio: "
-         "patched / base of these (range: the plain per-repetition ratios, the box's noise); the trees take turns "
-         f"every {SLICE} steps. work: same when both trees ran the same steps, requests, tokens and prefix hits; "
-         "capped when the step limit ended a case before its workload.")
-    echo("results: " + ", ".join(result.files))

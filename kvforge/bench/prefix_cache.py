@@ -30,7 +30,7 @@ from .prepare import prepare
 from .replay import workloads
 from .. import evidence
 from ..env import target_env
-from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
+from ..errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from ..report import table
 from ..targets import STANDINS_DIR
 from ..trees import open_stack
@@ -225,8 +225,9 @@ def render(rows: list[dict], states: list[str]) -> str:
     out = [table(["scenario", "tree", "hit (vLLM)", "per-request", "ceiling", "of ceiling", "violations",
                   "wall s"], body)]
     for row in rows:
-        summaries = [row.get(st) for st in states]
-        if not all(summaries) or summaries[0]["requests"] > 8 or summaries[0]["points"]:
+        found = [row.get(st) for st in states]
+        summaries = [s for s in found if s]
+        if len(summaries) < len(found) or summaries[0]["requests"] > 8 or summaries[0]["points"]:
             continue
         detail = []
         for i, r in enumerate(summaries[0]["per_request"]):
@@ -337,6 +338,37 @@ class BenchResult:
         """(scenario, tree, error) for every scenario that could not run."""
         return [(r["label"], st, r[f"{st}_error"]) for r in self.rows for st in self.states if f"{st}_error" in r]
 
+    @property
+    def exit_code(self) -> int:
+        """4 when a scenario could not run on a tree; the goals never change it."""
+        return EXIT_TESTS if self.errors else 0
+
+    @property
+    def error(self) -> None:
+        return None  # the table and its "error" lines say why (kvforge.outcome: no error line)
+
+    def render(self) -> str:
+        states = self.states
+        lines = [f"{self.target}/{self.component}: prefix-cache replay, scale {self.scale:g}, seed {self.seed}; "
+                 + ", ".join(f"{t.state} {t.commit[:12]} ({t.seconds:.0f}s)" for t in self.trees)]
+        if self.origin != "series":
+            lines.append(f"series: {self.origin}, {self.patches} commit(s), digest {self.series}")
+        if self.vllm_settings:
+            lines.append("vLLM settings: " + " ".join(f"{k}={v}" for k, v in self.vllm_settings.items()))
+        if self.note:
+            lines.append(self.note)
+        lines += ["", render(self.rows, states), ""]
+        judged = states[-1]
+        lines += [f"{'ok  ' if g['ok'] else 'MISS'} {g['scenario']} ({judged}): {g['goal']}: {g['value']}"
+                  for g in self.goals]
+        lines += [f"error {label} ({st}): {err}" for label, st, err in self.errors]
+        lines += ["", "hit (vLLM): prefix_cache_hits / prefix_cache_queries summed over the run (every lookup, as the "
+                  "log line and the metrics count them); per-request: the admitted lookup of each request over its "
+                  "prompt tokens; ceiling: what an unbounded cache could serve; of ceiling: per-request hits / "
+                  "ceiling hits.",
+                  "results: " + ", ".join(self.files)]
+        return "\n".join(lines)
+
     def to_json(self) -> dict:
         return {
             "target": self.target, "component": self.component, "base": self.base, "base_ref": self.base_ref,
@@ -427,30 +459,14 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
     return result
 
 
-def print_bench(result: BenchResult, echo: Callable[[str], None]) -> None:
-    states = result.states
-    head = (f"{result.target}/{result.component}: prefix-cache replay, scale {result.scale:g}, seed {result.seed}; "
-            + ", ".join(f"{t.state} {t.commit[:12]} ({t.seconds:.0f}s)" for t in result.trees))
-    echo(head)
-    if result.origin != "series":
-        echo(f"series: {result.origin}, {result.patches} commit(s), digest {result.series}")
-    if result.vllm_settings:
-        echo("vLLM settings: " + " ".join(f"{k}={v}" for k, v in result.vllm_settings.items()))
-    if result.note:
-        echo(result.note)
-    echo("")
-    echo(render(result.rows, states))
-    echo("")
-    judged = states[-1]
-    for g in result.goals:
-        echo(f"{'ok  ' if g['ok'] else 'MISS'} {g['scenario']} ({judged}): {g['goal']}: {g['value']}")
-    for label, st, err in result.errors:
-        echo(f"error {label} ({st}): {err}")
-    echo("")
-    echo("hit (vLLM): prefix_cache_hits / prefix_cache_queries summed over the run (every lookup, as the log "
-         "line and the metrics count them); per-request: the admitted lookup of each request over its prompt "
-         "tokens; ceiling: what an unbounded cache could serve; of ceiling: per-request hits / ceiling hits.")
-    echo("results: " + ", ".join(result.files))
+def bench_command(ctx, scenario_spec: str, scale: float, seed: int, plot_path: Path | None) -> BenchResult:
+    """`kvforge bench prefix-cache`: the run, and its plot when asked (check_plot_available first)."""
+    result = bench_prefix_cache(ctx, scenario_spec, scale, seed)
+    if plot_path is not None:
+        write_plot(result.rows, result.states, plot_path,
+                   f"{result.target}: prefix-cache hit rate per request (scale {result.scale:g})")
+        result.files.append(str(plot_path))
+    return result
 
 
 # ---------------------------------------------------------------- vllm-ascend: seed 001 (replay/ascend.py)
