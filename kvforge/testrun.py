@@ -32,7 +32,6 @@ from .platforms import get as get_platform
 from .errors import EXIT_ENV, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .outcome import Done, Outcome
 from .runner import hardware_command
-from .selection import scan_target
 from .targets import Component, Target
 from .trees import open_stack
 
@@ -434,15 +433,10 @@ def outcome_of(result: TestResult) -> Done:
     return Done({**result.to_json(), "exit": code, "error": error}, render_test_result(result), code, error)
 
 
-def run_command(ctx, component: str | None, platform: str, on_base: bool, keyword: str | None, scan: bool,
-                 try_cpu: bool) -> Outcome:
-    """`kvforge test`: with --scan/--try the selection scan; else the tests of each component."""
-    if scan or try_cpu:
-        return scan_target(ctx, try_cpu)
+def run_command(ctx, component: str | None, platform: str, on_base: bool, keyword: str | None) -> Outcome:
+    """`kvforge test`: the tests of each component (`--scan` is selection.scan_target's)."""
     return run_each(contexts(ctx, component, platform),
                     lambda c: outcome_of(test_target(c, platform, on_base, keyword)))
-
-
 
 
 # ---------------------------------------------------------------- base vs patched: whose failure is it

@@ -1,6 +1,6 @@
 """The package's layout stays one-way: no import cycle (imports inside functions count), no module reaching
 into another module's private names, and no import hidden inside a function outside bench/replay (which
-runs inside vLLM's environment and imports vLLM lazily). lint-imports (pyproject's layers contract) and mypy
+runs inside vLLM's environment and imports vLLM lazily) and the CLI's per-command imports (see LAZY_OK). lint-imports (pyproject's layers contract) and mypy
 check the same from outside; this test needs neither and names the offending line."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kvforge"
-LAZY_OK = ("kvforge.bench.replay",)  # runs in the target's env: vLLM/torch imported where used
+# bench/replay runs in the target's env and imports vLLM/torch where used. cli imports each command's module in
+# that command (`kvforge --help` 0.07 s instead of 0.35-0.41 s); nothing imports cli, so that can close no cycle.
+LAZY_OK = ("kvforge.bench.replay", "kvforge.cli")
 
 
 def _modules() -> dict[str, Path]:
