@@ -2,9 +2,9 @@
 vllm-ascend's coordinator, managers and DeepSeek-V4 specs (kvforge/bench/replay/ascend.py).
 
 One real small run: the command's own path (both components' stacks from the project's series, the
-vLLM test environment, stand-ins, the replay subprocess), narrowed to one state (both patched
-trees) and two block sizes, at the smallest scale (64 requests of
-8,192 prompt tokens). The session's cache (conftest: vLLM 0.20.2 imported once) gets the vllm-ascend
+vLLM test environment, stand-ins, the replay subprocess), narrowed to the patched trees (whole-block
+hits at block sizes 128 and 32; partial hits, VLLM_ASCEND_ENABLE_PARTIAL_HASH_HITS=1, at 32 on both
+workloads), at the smallest scale (64 requests of 8,192 prompt tokens). The session's cache (conftest: vLLM 0.20.2 imported once) gets the vllm-ascend
 sdist from the user's kvforge downloads; the environment is ~/.cache/kvforge/envs (or
 $KVFORGE_TEST_ENVS), as in test_bench_slow.py.
 """
@@ -44,8 +44,11 @@ def ascend_bench(base_v0202) -> pc.BenchResult:
     mp = pytest.MonkeyPatch()
     mp.setenv("KVFORGE_ROOT", str(REPO_ROOT))
     ctx = Context.load(cache, "v0.20.2rc", "vllm-ascend", source="sdist")
-    mp.setattr(pc, "ASCEND_STATES", (("patched", "patched", "patched"),))
-    mp.setattr(pc, "ASCEND_BLOCK_SIZES", (128, 32))
+    mp.setattr(pc, "ASCEND_STATES", (
+        ("patched", "patched", "patched", (("--block-sizes", "128,32"),)),
+        ("patched", "patched", "partial-hits", (("--block-sizes", "32", "--workloads", "repeat,shared-prefix",
+                                                 "--partial-hits"),)),
+    ))
     try:
         return pc.bench_ascend(ctx, "all", 0.01, 0)
     finally:
@@ -53,7 +56,7 @@ def ascend_bench(base_v0202) -> pc.BenchResult:
 
 
 def _doc_result(bench: pc.BenchResult, variant: str) -> dict:
-    [tree] = bench.trees
+    tree = next(t for t in bench.trees if t.state == "patched")
     return next(r for r in tree.doc["results"] if r["variant"] == variant)
 
 
@@ -85,4 +88,27 @@ def test_block_128_cannot_hit_and_block_32_hits_resent_prompts(ascend_bench):
     assert all(r["hit"] == 0 for r in s32["per_request"] if "=" not in r["label"])
     assert s32["admitted_hits"] == s32["ceiling_hits"] > 0 and s32["violations"] == 0
     goals = {(g["scenario"], g["goal"]): g["ok"] for g in ascend_bench.goals}
-    assert goals[(f"{row32['label']} [patched]", "patched: hits = ceiling")]
+    assert goals[(f"{row32['label']} [patched]", "hits = ceiling")]
+
+
+def test_partial_hits_reuse_the_shared_part_of_the_compressed_block(ascend_bench):
+    """With partial hits a re-sent 8,192-token prompt reuses 8,160 tokens (the last token is recomputed,
+    hits are multiples of 32): 4,096 from the first C128 block, 4,064 copied from the second."""
+    [row32] = [r for r in ascend_bench.rows if r["scenario"] == pc.ASCEND_SCENARIO and r["variant"] == "bs32"]
+    p = row32["partial-hits"]
+    resends = [r for r in p["per_request"] if "=" in r["label"]]
+    assert resends and all(r["ceiling"] == r["hit"] == 8160 for r in resends)
+    assert p["admitted_hits"] == p["ceiling_hits"] and p["violations"] == 0
+    assert p["copied_per_request"] == 4064 * len(resends) / p["requests"]
+    tree = next(t for t in ascend_bench.trees if t.state == "partial-hits")
+    res = next(r for r in tree.doc["results"] if r["variant"] == "bs32+partial" and r["scenario"] == pc.ASCEND_SCENARIO)
+    assert res["features"]["enable_partial_hash_hits"] and res["hit_alignment"] == 32
+    assert all(r["copied_tokens"] == 4064 for r in res["requests"] if "=" in r["label"])
+    # The second workload: a re-send shares a 4,096-8,191-token prefix; whole blocks reuse 4,096 of it.
+    [shared] = [r for r in ascend_bench.rows if r["scenario"] == pc.ASCEND_SHARED]
+    s = shared["partial-hits"]
+    assert s["admitted_hits"] == s["ceiling_hits"] > 0 and s["violations"] == 0
+    assert all(r["hit"] == r["ceiling"] >= 4096 for r in s["per_request"] if "=" in r["label"])
+    goals = {(g["scenario"], g["goal"]): g["ok"] for g in ascend_bench.goals}
+    assert goals[(f"{row32['label']} [partial-hits]", "seed 001: >= 80% (reported 81.54%)")] is False  # 64 requests
+    assert "partial-hits" in ascend_bench.render()

@@ -2,7 +2,8 @@
 coordinator and managers. Needs vLLM and vllm_ascend.
 
     cd <vllm-ascend tree> && PYTHONPATH=<vLLM tree>[:stand-ins] \\
-        python <kvforge>/bench/replay ascend [--block-sizes 128,64,32] [--scale F] [--seed N] [--out FILE]
+        python <kvforge>/bench/replay ascend [--block-sizes 128,64,32] [--workloads repeat,shared-prefix]
+            [--partial-hits] [--scale F] [--seed N] [--out FILE]
 
 cwd is a vllm-ascend tree (base or patched), the vLLM tree comes from PYTHONPATH. With
 VLLM_ASCEND_APPLY_DSV4_PATCH=1 (set here), importing vllm_ascend.patch.platform installs Ascend's
@@ -12,10 +13,17 @@ tree's own: for each requested --block-size, the tree's refresh_block_size resol
 size (the base forces 128) and the tree's layers build their KV cache specs (DSAAttention C4 and
 C128, the C4 indexer cache, the SWA cache, the three compressor state caches), one KV cache group
 each. vLLM's Scheduler then replays seed 001's workload (8,192-token prompts, 90% re-sends of an
-earlier prompt, 32 in flight) with the driver's step loop. Hits can only be multiples of the
-coordinator's lcm_block_size (lcm of block_size x compress_ratio): the ceiling uses that
-alignment. Writes the replay document (cli.py's schema): one result per block size, labelled
-scenario "ascend-dsv4-repeat", variant "bs<N>"; a block size that raises is an error entry.
+earlier prompt, 32 in flight) with the driver's step loop; the second workload (shared-prefix)
+re-sends only a prefix of 4,096 to 8,191 tokens of an earlier prompt, then new tokens. Hits can
+only be multiples of the coordinator's lcm_block_size (lcm of block_size x compress_ratio); with
+--partial-hits (VLLM_ASCEND_ENABLE_PARTIAL_HASH_HITS=1, vllm-ascend's
+ascend-dsv4-partial-hash-hits) the compressed groups also hit part of a block and hits are
+multiples of the block size: the ceiling uses the tree's alignment. Each request's result also
+records the tokens of its hit that the worker copies (the partial tail, largest over the
+compressed groups) and the tokens it recomputes. Writes the replay document (cli.py's schema): one
+result per workload and block size, labelled scenario "ascend-dsv4-repeat" or
+"ascend-dsv4-shared-prefix", variant "bs<N>" ("bs<N>+partial" with --partial-hits); a run that
+raises is an error entry.
 """
 
 from __future__ import annotations
@@ -37,17 +45,21 @@ from .compat import Features, kw
 from .driver import SCHEMA
 
 SCENARIO = "ascend-dsv4-repeat"
+SCENARIOS = {"repeat": SCENARIO, "shared-prefix": "ascend-dsv4-shared-prefix"}
+PARTIAL_HITS_ENV = "VLLM_ASCEND_ENABLE_PARTIAL_HASH_HITS"
 BLOCK_SIZES = (128, 64, 32)
 PROMPT_TOKENS = 8192  # not scaled: the prompt against the hit granularity is the bug
 # DeepSeek-V4-Flash: head_dim 512, indexer head_dim 128 (int8 + fp16 scale), sliding window 128.
 HEAD_DIM, INDEX_HEAD_DIM, WINDOW = 512, 128, 128
 
 
-def workload(scale: float, seed: int) -> dict:
+def workload(scale: float, seed: int, kind: str = "repeat") -> dict:
     """Seed 001: 8K-token prompts x concurrency 32, 90% re-send a prompt first sent >= 32 requests earlier.
 
+    kind "shared-prefix": a re-send keeps only the first 4,096 to 8,191 tokens (uniform) of the earlier
+    prompt and continues with new tokens (whole-block caching reuses 4,096 of them at block size 32).
     The request count and output length scale; the prompt length does not."""
-    rng = random.Random(f"{SCENARIO}:{seed}")
+    rng = random.Random(f"{SCENARIOS[kind]}:{seed}")
     conc = 32
     n = max(64, round(512 * scale))
     out_len = max(8, round(1024 * scale))
@@ -59,7 +71,12 @@ def workload(scale: float, seed: int) -> dict:
         eligible = [p for p, j in enumerate(first_sent) if j <= i - conc]
         if i in repeat_at and eligible:
             p = rng.choice(eligible)
-            reqs.append(dict(label=f"r{i}=p{p}", prompt=prompts[p]))
+            if kind == "shared-prefix":
+                keep = rng.randrange(PROMPT_TOKENS // 2, PROMPT_TOKENS)
+                tail = [rng.randrange(1000, 100_000) for _ in range(PROMPT_TOKENS - keep)]
+                reqs.append(dict(label=f"r{i}=p{p}[:{keep}]", prompt=prompts[p][:keep] + tail))
+            else:
+                reqs.append(dict(label=f"r{i}=p{p}", prompt=prompts[p]))
         else:
             prompts.append([rng.randrange(1000, 100_000) for _ in range(PROMPT_TOKENS)])
             first_sent.append(i)
@@ -69,8 +86,9 @@ def workload(scale: float, seed: int) -> dict:
         r["id"], r["after"] = f"{i:04d}-{r['label']}", None
     cfg = dict(num_blocks=0, max_num_batched_tokens=8192, max_num_seqs=256, concurrency=conc,
                max_model_len=32_768, spec=None)
+    what = "re-sends of a 4,096-8,191-token prefix" if kind == "shared-prefix" else "re-sends"
     notes = [f"{n} requests of {PROMPT_TOKENS} prompt tokens, {len(prompts)} distinct prompts, "
-             f"{n - len(prompts)} re-sends; {out_len} output tokens; concurrency {conc}"]
+             f"{n - len(prompts)} {what}; {out_len} output tokens; concurrency {conc}"]
     return dict(config=cfg, requests=reqs, notes=notes)
 
 
@@ -216,17 +234,40 @@ def build(specs: list[tuple[str, Any]], wl: dict, feats: Features):
     return scheduler, block_hasher, vllm_config
 
 
-def hit_alignment(specs: list[tuple[str, Any]]) -> int:
-    """The granularity of a hit in AscendHybridKVCacheCoordinator: lcm of block_size x compress_ratio."""
-    return math.lcm(*(spec.block_size * max(getattr(spec, "compress_ratio", 1) or 1, 1) for _, spec in specs))
+def hit_alignment(specs: list[tuple[str, Any]], partial: bool = False) -> int:
+    """The granularity of a hit in AscendHybridKVCacheCoordinator: lcm of block_size x compress_ratio;
+    with partial hits a compressed group (compress_ratio > 1) counts with its block size alone."""
+    def unit(spec) -> int:
+        ratio = max(getattr(spec, "compress_ratio", 1) or 1, 1)
+        return spec.block_size if partial and ratio > 1 else spec.block_size * ratio
+    return math.lcm(*(unit(spec) for _, spec in specs))
 
 
-def run(requested: int, scale: float, seed: int) -> dict:
+def record_copies(scheduler, copied: dict[str, int]) -> None:
+    """Count, per request, the hit tokens a partial hit copies: wrap each compressed manager's
+    add_local_computed_blocks and read the partial tail it records (largest over the groups)."""
+    for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:
+        pending = getattr(manager, "_partial_hit_reqs", None)
+        if pending is None:
+            continue
+        add = manager.add_local_computed_blocks
+        logical = manager.block_size * manager.compress_ratio
+
+        def wrapped(request_id, new_computed_blocks, num_local, num_external, _add=add, _p=pending, _l=logical):
+            is_new = _add(request_id, new_computed_blocks, num_local, num_external)
+            if request_id in _p:
+                copied[request_id] = max(copied.get(request_id, 0), num_local % _l)
+            return is_new
+
+        manager.add_local_computed_blocks = wrapped
+
+
+def run(requested: int, scale: float, seed: int, kind: str = "repeat", partial: bool = False) -> dict:
     """One block size: the tree's geometry, then the workload through the scheduler (driver.run_one)."""
     feats = Features()
     effective, specs = dsv4_specs(requested, feats)
-    align = hit_alignment(specs)
-    wl = workload(scale, seed)
+    align = hit_alignment(specs, partial)
+    wl = workload(scale, seed, kind)
     wl["groups"] = [group_record(name, spec) for name, spec in specs]
     # An unbounded pool, as the ceiling assumes: every block the run allocates in any group stays
     # cached (the 2-token compressor-state blocks alone cycle a bug report's 54,774-block pool many
@@ -238,20 +279,36 @@ def run(requested: int, scale: float, seed: int) -> dict:
     # the ceiling with topologies.hit_alignment; here both come from the tree's own specs.
     saved = driver.build, driver.hit_alignment
     tree_feats = feats
+    copied: dict[str, int] = {}
 
     def tree_build(wl: dict, feats: Features):  # driver.build's signature; run_one passes this `wl`
         feats.update(tree_feats)
-        return build(specs, wl, feats)
+        built = build(specs, wl, feats)
+        coord = built[0].kv_cache_manager.coordinator
+        feats["enable_partial_hash_hits"] = getattr(coord, "enable_partial_hash_hits", None)
+        feats["cache_hit_alignment_tokens"] = getattr(coord, "cache_hit_alignment_tokens", None)
+        if partial and not feats["enable_partial_hash_hits"]:
+            raise RuntimeError(f"{PARTIAL_HITS_ENV}=1 but this vllm-ascend tree's coordinator has no partial "
+                               "hits (needs ascend-dsv4-partial-hash-hits)")
+        record_copies(built[0], copied)
+        return built
 
     def tree_alignment(groups: list[dict]) -> int:  # topologies.hit_alignment's signature
         return align
 
     driver.build, driver.hit_alignment = tree_build, tree_alignment
     try:
-        res = driver.run_one(wl, SCENARIO, f"bs{requested}", scale, seed)
+        res = driver.run_one(wl, SCENARIOS[kind], f"bs{requested}" + ("+partial" if partial else ""), scale, seed)
     finally:
         driver.build, driver.hit_alignment = saved
-    if res["features"].get("coordinator.lcm_block_size") not in (None, align):
+    for row in res["requests"]:
+        row["copied_tokens"] = copied.get(row["id"], 0)
+        row["recomputed_tokens"] = row["prompt_tokens"] - row["hit_tokens"]
+    if partial:
+        if res["features"].get("cache_hit_alignment_tokens") != align:
+            raise RuntimeError(f"coordinator cache_hit_alignment_tokens {res['features']['cache_hit_alignment_tokens']}"
+                               f" != {align} computed from the specs")
+    elif res["features"].get("coordinator.lcm_block_size") not in (None, align):
         raise RuntimeError(f"coordinator lcm_block_size {res['features']['coordinator.lcm_block_size']} "
                            f"!= {align} computed from the specs")
     res["notes"] = list(res["notes"]) + [f"--block-size {requested}: the tree uses {effective}; hits are "
@@ -262,6 +319,8 @@ def run(requested: int, scale: float, seed: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
+    ap.add_argument("--workloads", default="repeat", help="comma-separated: " + ", ".join(SCENARIOS))
+    ap.add_argument("--partial-hits", action="store_true", help=f"run with {PARTIAL_HITS_ENV}=1")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out")
@@ -272,6 +331,10 @@ def main(argv=None) -> int:
         ap.error("--block-sizes: comma-separated integers")
     if not args.scale > 0:
         ap.error("--scale must be > 0")
+    kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
+    if not kinds or any(k not in SCENARIOS for k in kinds):
+        ap.error(f"--workloads: comma-separated names of {', '.join(SCENARIOS)}")
+    os.environ[PARTIAL_HITS_ENV] = "1" if args.partial_hits else "0"
     os.environ["VLLM_ASCEND_APPLY_DSV4_PATCH"] = "1"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
@@ -281,8 +344,11 @@ def main(argv=None) -> int:
     doc = dict(schema=SCHEMA, cwd=os.getcwd(), scale=args.scale, seed=args.seed, results=[], errors=[])
     t0 = time.perf_counter()
     try:
-        for bs in sizes:
-            run_case(doc, SCENARIO, f"bs{bs}", lambda: run(bs, args.scale, args.seed))
+        suffix = "+partial" if args.partial_hits else ""
+        for kind in kinds:
+            for bs in sizes:
+                run_case(doc, SCENARIOS[kind], f"bs{bs}{suffix}",
+                         lambda: run(bs, args.scale, args.seed, kind, args.partial_hits))
     finally:
         sys.stdout = real_stdout
     return write_doc(doc, args.out, real_stdout, t0)

@@ -7,7 +7,11 @@ base tree is expected to break some of them. Kinds:
     ref_cnt_mismatch                a live block's ref_cnt differs from the number of references
     referenced_block_in_free_queue  a block with ref_cnt > 0 sits in the free queue
     unreferenced_block_not_free     a block with ref_cnt 0 is not in the free queue
-    ref_cnt_without_owner           a block with ref_cnt > 0 is in no live block table
+    ref_cnt_without_owner           a block with ref_cnt > 0 is in no live block table (the copy sources a
+                                    coordinator retains for the worker, `_retained_copy_sources`, count
+                                    as owners)
+    partial_entry_outlives_block    the block pool handed out a block that a partial prefix-cache entry
+                                    (block_pool.partial_hash_index, vllm-ascend) still names
     stats_attribution_mismatch      (recorded by the driver) per-request counters do not add up
 
 The checker only reads the scheduler's structures (duck-typed: req_to_blocks, block_pool,
@@ -38,6 +42,19 @@ class Checker:
         self.free_queue_ok = hasattr(getattr(self.pool, "free_block_queue", None), "fake_free_list_head")
         self.full_checks = 0
         self._live: Counter = Counter()  # block id -> references in live tables, as of the last light()
+        self.step = 0
+        index = getattr(self.pool, "partial_hash_index", None)
+        if index is not None:  # every block handed out must be named by no partial entry
+            get_new_blocks = self.pool.get_new_blocks
+
+            def checked_get_new_blocks(num_blocks: int):
+                blocks = get_new_blocks(num_blocks)
+                for bid in index.block_ids() & {b.block_id for b in blocks}:
+                    self.record("partial_entry_outlives_block", self.step,
+                                f"block {bid} handed out while a partial entry names it")
+                return blocks
+
+            self.pool.get_new_blocks = checked_get_new_blocks
 
     def record(self, kind: str, step: int, detail: str) -> None:
         """Count a violation of `kind` at `step`; keep the first MAX_EXAMPLES details."""
@@ -47,9 +64,12 @@ class Checker:
 
     def light(self, step: int) -> None:
         """Every step: no block in two groups' live tables; ref counts == references."""
+        self.step = step + 1  # get_new_blocks runs during the next step's schedule
         null = self.null
         owner: dict[int, int] = {}
         refs: Counter = Counter()
+        for b in getattr(self.coord, "_retained_copy_sources", ()):
+            refs[b.block_id] += 1
         for g, m in enumerate(self.managers):
             for rid, blocks in m.req_to_blocks.items():
                 for b in blocks:
