@@ -278,3 +278,14 @@ def test_a_ledger_of_the_wrong_types_is_one_line_exit_2(fake, text, what):
     (fake.root / "patches" / "fake" / "dropped.toml").write_text(text)
     r = kvforge("status")
     assert r.exit_code == 2 and one_line(r) and "dropped.toml" in r.stderr and what in r.stderr, r.output
+
+
+def test_the_description_keeps_another_components_ref():
+    """Was: rebasing v0.20.2rc's vllm rewrote "releases/v0.20.2rc" (vllm-ascend's ref, which stays) in the
+    description."""
+    from kvforge.rebase.retarget import retarget_text
+
+    text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
+    out = retarget_text(text, 0, ref="v0.22.0", version="0.22.0", sha256="a" * 64, wheel=None, old_version="0.20.2")
+    assert 'description = "vLLM v0.22.0, the base of vllm-ascend releases/v0.20.2rc"' in out
+    assert 'ref = "releases/v0.20.2rc"' in out and 'ref = "v0.22.0"' in out
