@@ -189,9 +189,11 @@ def apply_target(ctx: Context, into: Path | None = None, repo_dir: Path | None =
                 result.seconds = time.monotonic() - start
                 return result
             raise KvforgeError(_refusal(ctx, dest, branch, have, base.commit), EXIT_USAGE)
-        refspecs = [f"{stack_ref(ctx, stack)}:refs/heads/{branch}",
-                    f"+refs/tags/{base.ref}:{BASE_TAG.format(tag=base_tag_name(ctx.target, ctx.component))}"]
+        tag = BASE_TAG.format(tag=base_tag_name(ctx.target, ctx.component))
+        refspecs = [f"{stack_ref(ctx, stack)}:refs/heads/{branch}", f"+refs/tags/{base.ref}:{tag}"]
         if existing:
+            if _users_tag(dest, tag, base.commit, base.ref, ctx.target.name):
+                refspecs.pop()  # it names the base already: kept as the user made it
             _fetch(dest, base.repo, refspecs)
         else:
             _create(ctx, dest, base.repo, refspecs, branch)
@@ -296,6 +298,21 @@ def _leave_conflict(ctx: Context, dest: Path, branch: str, failure: ApplyFailure
         raise
     failure.args = (f"{failure.args[0]}\nleft at the failing patch with conflict markers in {dest} "
                     f"(branch {branch}); resolve, `git add`, then `git am --continue`",)
+
+
+def _users_tag(dest: Path, tag: str, base: str, base_ref: str, target: str) -> bool:
+    """Whether `dest` has the base tag already (True: it names `base`). A tag there that names another commit is
+    the user's (moved or made by hand): refused, never reset; the refusal keeps it and deletes nothing."""
+    have = gitutil.rev_parse(dest, f"{tag}^{{commit}}") or gitutil.rev_parse(dest, tag)
+    if have is None:
+        return False
+    if have == base:
+        return True
+    name = tag.removeprefix("refs/tags/")
+    raise KvforgeError(f"{dest}: tag {name} is at {have[:12]}, not at the base of {target} ({base_ref}, "
+                       f"{base[:12]}); it is yours, nothing was changed. Apply into a new tree with `kvforge apply -t "
+                       f"{target} --into DIR`, or keep a copy (`git -C {dest} tag {name}-mine {name}`), point {name} "
+                       f"at {base[:12]} yourself and apply again", EXIT_USAGE)
 
 
 def _refusal(ctx: Context, dest: Path, branch: str, have: str, base: str) -> str:

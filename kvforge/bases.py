@@ -55,7 +55,7 @@ from typing import BinaryIO, Callable
 
 from . import gitutil
 from .cache import REF_IMPORT, Cache, write_error
-from .errors import EXIT_ENV, EXIT_NETWORK, KvforgeError
+from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from .fsutil import crashpoint, file_lock, remove_stale, sha256_file
 from .outcome import Done
 from .targets import Component, Release
@@ -271,6 +271,13 @@ def _reachable(url: str, cache: Cache) -> bool:
 
 
 def _from_git(component: Component, cache: Cache, path: Path, url: str, say: Progress) -> Base:
+    local = url.removeprefix("file://") if url.startswith("file://") else None
+    if local is None and "://" not in url and ":" not in url.split("/", 1)[0]:
+        local = url  # a path, as git reads it (no scheme, no host: before the first slash)
+    if local is not None and not Path(local).expanduser().is_dir():
+        var = f"$KVFORGE_{component.name.upper().replace('-', '_')}_REPO"
+        raise KvforgeError(f"{url}: no such directory (the repository {component.name} {component.ref} is fetched "
+                           f"from: --repo, {var} or the target's repo; a git clone or a URL)", EXIT_USAGE)
     if Path(url).expanduser().is_dir():
         url = str(Path(url).expanduser().resolve())
     start = time.monotonic()

@@ -108,6 +108,18 @@ class Cache:
             raise write_error(where, exc) from None
         return path
 
+    def writable(self, *parts: str) -> Path:
+        """The area `parts` (made on first use), checked writable by making and removing a file in it: a
+        read-only cache is one error (EXIT_ENV) here, not an OSError wherever it is first written."""
+        path = self._dir(*parts)
+        probe = path / f".kvforge-probe-{os.getpid()}"
+        try:
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        return path
+
     @property
     def downloads(self) -> Path:
         """Verified release archives (sdists), named as upstream names them."""

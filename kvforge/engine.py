@@ -76,15 +76,32 @@ def remove_worktree(repo: Path, path: Path) -> None:
 
 
 def ensure_worktree(repo: Path, path: Path, commit: str) -> bool:
-    """Reuse `path` when it is a registered worktree of `repo` (a `git am` an earlier run left stopped
-    in it is aborted) and return True; otherwise make it afresh at `commit` and return False."""
+    """Reuse `path` when it is a worktree of `repo` both ways (`repo` lists it, and its .git leads back to
+    `repo`; a `git am` an earlier run left stopped in it is aborted) and return True; otherwise make it
+    afresh at `commit` and return False. A stale registration (listed by `repo` while the directory
+    belongs to another repository, or is gone) is repaired, never trusted."""
     listed = gitutil.run(repo, "worktree", "list", "--porcelain", check=False).stdout
-    if (path / ".git").exists() and f"worktree {path}\n" in listed + "\n":
+    registered = f"worktree {path}\n" in listed + "\n"
+    if registered and (path / ".git").exists() and _common_dir(path) == repo.resolve():
         if am_in_progress(path):
             gitutil.run(path, "am", "--abort", check=False)
         return True
+    if (path / ".git").exists() and _common_dir(path) not in (None, repo.resolve()):
+        owner = _common_dir(path)
+        assert owner is not None
+        remove_worktree(owner, path)  # kvforge's own directory, registered in another cache repository
+    gitutil.run(repo, "worktree", "prune", check=False)
+    if registered and path.exists():
+        remove_worktree(repo, path)
     add_worktree(repo, path, commit)
     return False
+
+
+def _common_dir(path: Path) -> Path | None:
+    """The repository a worktree belongs to (its common git directory), None when git cannot tell."""
+    res = gitutil.run(path, "rev-parse", "--path-format=absolute", "--git-common-dir", check=False)
+    out = res.stdout.strip()
+    return Path(out).resolve() if res.returncode == 0 and out else None
 
 
 def am_series(worktree: Path, patches: list[Patch], base_commit: str,

@@ -57,20 +57,48 @@ def load(series_dir: Path) -> list[Entry]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise KvforgeError(f"{path}: cannot read the ledger of dropped patches: {exc}", EXIT_USAGE) from None
-    out = []
-    for i, e in enumerate(data.get("dropped", [])):
-        if not isinstance(e, dict) or not all(isinstance(e.get(k), str) for k in ("file", "fix_id", "decision")):
-            raise KvforgeError(f"{path}: dropped[{i}] needs file, fix_id and decision strings", EXIT_USAGE)
-        signals = []
-        for s in e.get("signals", []):
-            if isinstance(s, dict):
-                signals.append({"name": str(s.get("name", "")), "fired": s.get("fired"),
-                                "strong": bool(s.get("strong", False)), "detail": str(s.get("detail", ""))})
-        out.append(Entry(file=e["file"], fix_id=e["fix_id"], decision=e["decision"], signals=signals,
-                         dropped_at=str(e.get("dropped_at", "")), onto_version=e.get("onto_version"),
-                         onto_ref=e.get("onto_ref"), base_commit=e.get("base_commit"),
-                         reason=str(e.get("reason", ""))))
-    return out
+    dropped = data.get("dropped", [])
+    if not isinstance(dropped, list):
+        raise KvforgeError(f"{path}: `dropped` must be an array of tables ([[dropped]]), not "
+                           f"{type(dropped).__name__}", EXIT_USAGE)
+    unknown = sorted(set(data) - {"dropped"})
+    if unknown:
+        raise KvforgeError(f"{path}: unknown key {unknown[0]!r} (the ledger has only [[dropped]] entries)", EXIT_USAGE)
+    return [_entry(path, i, e) for i, e in enumerate(dropped)]
+
+
+def _entry(path: Path, i: int, e: object) -> Entry:
+    """dropped[i], type-checked: every problem is one KvforgeError naming the file and the key."""
+    where = f"{path}: dropped[{i}]"
+    if not isinstance(e, dict):
+        raise KvforgeError(f"{where} is not a table", EXIT_USAGE)
+    for k in ("file", "fix_id", "decision"):
+        if not isinstance(e.get(k), str) or not e[k]:
+            raise KvforgeError(f"{where} needs a non-empty string {k}", EXIT_USAGE)
+    if e["decision"] not in DECISIONS:
+        raise KvforgeError(f"{where}.decision is {e['decision']!r}, not one of {', '.join(DECISIONS)}", EXIT_USAGE)
+    for k in ("dropped_at", "onto_version", "onto_ref", "base_commit", "reason"):
+        if k in e and not isinstance(e[k], str):
+            raise KvforgeError(f"{where}.{k} must be a string, not {type(e[k]).__name__}", EXIT_USAGE)
+    unknown = sorted(set(e) - {"file", "fix_id", "decision", "signals", "dropped_at", "onto_version", "onto_ref",
+                               "base_commit", "reason"})
+    if unknown:
+        raise KvforgeError(f"{where} has an unknown key {unknown[0]!r}", EXIT_USAGE)
+    raw = e.get("signals", [])
+    if not isinstance(raw, list):
+        raise KvforgeError(f"{where}.signals must be an array of {{ name, fired, strong, detail }}, not "
+                           f"{type(raw).__name__}", EXIT_USAGE)
+    signals = []
+    for j, s in enumerate(raw):
+        if not (isinstance(s, dict) and isinstance(s.get("name"), str) and s.get("fired") in (True, False, None)
+                and isinstance(s.get("strong", False), bool) and isinstance(s.get("detail", ""), str)):
+            raise KvforgeError(f"{where}.signals[{j}] needs name (string), fired and strong (booleans), detail "
+                               "(string)", EXIT_USAGE)
+        signals.append({"name": s["name"], "fired": s.get("fired"), "strong": s.get("strong", False),
+                        "detail": s.get("detail", "")})
+    return Entry(file=e["file"], fix_id=e["fix_id"], decision=e["decision"], signals=signals,
+                 dropped_at=e.get("dropped_at", ""), onto_version=e.get("onto_version"),
+                 onto_ref=e.get("onto_ref"), base_commit=e.get("base_commit"), reason=e.get("reason", ""))
 
 
 def _s(value: str) -> str:

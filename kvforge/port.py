@@ -27,7 +27,7 @@ from .engine import am_in_progress, am_one, diagnose
 from .errors import EXIT_APPLY, EXIT_USAGE, KvforgeError
 from .rebase.steps import drop_depends_on
 from .series import Patch, read_series
-from .targets import known_targets, load_target
+from .targets import Target, display_path, known_targets, load_target
 from .trees import open_stack
 
 
@@ -72,15 +72,27 @@ class PortResult:
         return "\n".join(out)
 
 
-def find_variant(fix_id: str, to_target: str, from_target: str | None) -> tuple[str, Patch]:
-    """The variant to start from: --from-target's, else the newest other target that carries the fix."""
-    names = [from_target] if from_target else [n for n in reversed(known_targets()) if n != to_target]
+def find_variant(fix_id: str, to: Target, component: str, from_target: str | None) -> tuple[str, Patch]:
+    """The variant to start from: --from-target's, else the newest other target that carries the fix, in a
+    series of the same component (a vllm-ascend fix is no variant of a vLLM one: bad input, exit 2)."""
+    names = [from_target] if from_target else [n for n in reversed(known_targets()) if n != to.name]
+    elsewhere: list[tuple[str, str, Path]] = []  # (target, component, patch) carrying it in another component
     for name in names:
         t = load_target(name)
         for comp in t.components:
             for p in read_series(comp.series_dir).patches:
-                if p.fix_id == fix_id:
+                if p.fix_id != fix_id:
+                    continue
+                if comp.name == component:
                     return name, p
+                elsewhere.append((name, comp.name, p.path))
+    if elsewhere:
+        name, other, path = elsewhere[0]
+        has = other in {c.name for c in to.components}
+        hint = f"port it with --component {other}" if has else f"{to.name} has no {other} component"
+        raise KvforgeError(f"{fix_id} is a {other} fix ({name}'s {other} series: {display_path(path)}), not a "
+                           f"{component} one: a fix is ported between series of one component, and this port is "
+                           f"onto {to.name} ({component}); {hint}", EXIT_USAGE)
     where = f"target {from_target}" if from_target else "no other target"
     raise KvforgeError(f"{where} carries a patch with Fix-Id {fix_id!r}", EXIT_USAGE)
 
@@ -117,7 +129,7 @@ def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path |
     if fix_id in {e.fix_id for e in ctx.component.in_base}:
         raise KvforgeError(f"{ctx.target.path}: {ctx.label} has {fix_id} in its base (in_base); nothing to port",
                            EXIT_USAGE)
-    source_name, patch = find_variant(fix_id, ctx.target.name, from_target)
+    source_name, patch = find_variant(fix_id, ctx.target, ctx.component.name, from_target)
     source_target = load_target(source_name)
     source_comp = source_target.component(ctx.component.name)
     dest = Path(into or Path.cwd() / f"{ctx.component.name}-{ctx.target.name}-{fix_id}").expanduser().absolute()

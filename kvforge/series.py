@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import unidiff
 
 from .errors import EXIT_ENV, KvforgeError
-from .seriesdir import parse_listing
+from .seriesdir import parse_listing, recover
 
 FIX_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s?(.*)$")
@@ -360,10 +360,13 @@ class Series:
 
 
 def read_series(directory: Path) -> Series:
-    """Read `directory/series` and parse every patch it lists; problems are collected, not raised."""
+    """Read `directory/series` and parse every patch it lists; problems are collected, not raised. A missing
+    directory whose interrupted swap left it beside itself is put back first (kvforge.seriesdir.recover)."""
     directory = Path(directory)
     series_file = directory / "series"
     problems: list[Problem] = []
+    if not directory.is_dir():
+        recover(directory)  # a swap killed between the fallback's two renames: finish it (or say how)
     if not directory.is_dir():
         raise KvforgeError(f"{directory}: series directory does not exist")
     if not series_file.is_file():

@@ -36,6 +36,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import shlex
 import shutil
 import sys
 import uuid
@@ -447,13 +448,27 @@ def _retire(dest: Path, path: Path, crash_step: str | None = None) -> None:
 
 def recover(directory: Path, show: Show = str) -> None:
     """Finish or undo a transaction that was killed (see the module docstring); cheap when there is nothing
-    to do. For readers of a series: only needed when `directory` is missing (the fallback's window)."""
+    to do. What every reader of a series calls when `directory` is missing (the fallback's window: a swap
+    killed between its two renames, whichever command ran it). When the recovery cannot be done here (the
+    lock cannot be taken, the rename is refused), a KvforgeError (EXIT_ENV) names the `mv` that finishes it:
+    nothing is written or deleted then."""
     directory = Path(directory).resolve()
     parent = directory.parent
     if not parent.is_dir() or not any(n.startswith(f".{directory.name}.kvforge-") for n in os.listdir(parent)):
         return
-    with locked(directory, _quiet, show):
-        _recover(directory, _quiet, show)
+    try:
+        with locked(directory, _quiet, show):
+            _recover(directory, _quiet, show)
+    except (OSError, KvforgeError) as exc:
+        if directory.exists():
+            return  # in place; a leftover beside it is garbage the next transaction deletes
+        staged = next((p for p in (sibling(directory, "new"), sibling(directory, "old")) if p.is_dir()), None)
+        if staged is None:
+            return  # nothing complete to put back: the reader says the directory does not exist
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise KvforgeError(f"{show(directory)} is missing: a series swap (export or rebase) was interrupted and "
+                           f"cannot be finished here ({why}); finish it with: mv {shlex.quote(str(staged))} "
+                           f"{shlex.quote(str(directory))}", EXIT_ENV) from None
 
 
 def _quiet(_message: str) -> None:

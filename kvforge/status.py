@@ -131,13 +131,19 @@ class DropCheck:
 
 
 def drop_check(targets: list[Target], cache: Cache, progress: Progress | None = None) -> list[DropCheck]:
-    """Every patch's Drop-When against its target's base (materialised into `cache` if needed)."""
+    """Every patch's Drop-When against its target's base (materialised into `cache` if needed). A cache that
+    cannot be written is one error (EXIT_ENV, naming it) before any base, not "base unavailable" per patch."""
     out: list[DropCheck] = []
+    probed = False
     for t in targets:
         for comp in t.components:
             patches = read_series(comp.series_dir).patches
             if not patches:
                 continue
+            if not probed:  # the areas ensure_base writes (a base is imported, or locked, there)
+                cache.writable("downloads")
+                cache.writable("repos")
+                probed = True
             nb: NewBase | None
             try:
                 base = ensure_base(comp, cache, "auto", progress=progress)

@@ -128,10 +128,28 @@ def known_targets(root: Path | None = None) -> list[str]:
     return sorted((p.stem for p in targets_dir(root).glob("*.toml")), key=key)
 
 
+TARGET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+TARGET_NAME_MAX = 100  # a target name is a file name (targets/<name>.toml, patches/<name>-<component>...)
+
+
+def target_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a target name (None when it can): ASCII letters, digits, '.', '_', '-', not
+    starting with '.', at most TARGET_NAME_MAX characters (so every file named after it fits a file name)."""
+    if len(name) > TARGET_NAME_MAX:
+        return f"is {len(name)} characters long (at most {TARGET_NAME_MAX})"
+    if not TARGET_NAME_RE.fullmatch(name):
+        return "is not a target name (ASCII letters, digits, '.', '_', '-'; not starting with '.')"
+    return None
+
+
 def load_target(name: str, root: Path | None = None) -> Target:
     root = root or project_root()
+    problem = target_name_problem(name)
+    if problem is not None:
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        raise KvforgeError(f"unknown target {shown!r}: the name {problem}")
     path = targets_dir(root) / f"{name}.toml"
-    if "/" in name or "\\" in name or name.startswith(".") or not path.is_file():
+    if not path.is_file():
         known = ", ".join(known_targets(root)) or "none"
         raise KvforgeError(f"unknown target {name!r}; known targets: {known}")
     return parse_target(path, root)

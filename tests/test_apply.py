@@ -154,6 +154,37 @@ def test_repo_dir_adds_the_branch_and_leaves_the_checkout_alone(project, base_v0
     assert res.exit_code == 2 and "not a git repository" in res.output
 
 
+def test_repo_dir_keeps_a_base_tag_the_user_moved(project, base_v0202, tmp_path):
+    """kvforge/base/<t> in the user's clone pointing elsewhere than the base is the user's: refused (exit 2, one
+    line, nothing changed, no deletion suggested), never silently reset. One that names the base is kept as it is."""
+    cache, base = base_v0202
+    two_patches(project, base)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    git(clone, "init", "-q")
+    git(clone, "fetch", "-q", str(base.repo), f"{base.commit}:refs/heads/main")
+    git(clone, "checkout", "-q", "main")
+    git(clone, "commit", "-q", "--allow-empty", "-m", "my own base")
+    mine = git(clone, "rev-parse", "HEAD").strip()
+    git(clone, "tag", "kvforge/base/t", mine)  # the user moved (or made) the base tag
+    refs = git(clone, "for-each-ref")
+    res = kvforge("apply", "-t", "t", "--repo-dir", str(clone))
+    assert res.exit_code == 2, res.output
+    [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("kvforge: error:")]
+    assert "kvforge/base/t" in line and mine[:12] in line and base.commit[:12] in line and "nothing was changed" in line
+    assert "tag -d" not in line and "delete" not in line and "--into" in line
+    assert git(clone, "for-each-ref") == refs  # no branch added, the tag where the user put it
+    # The user takes the suggestion: a copy of their tag, then theirs pointed at the base (annotated).
+    git(clone, "tag", "kvforge/base/t-mine", "kvforge/base/t")
+    git(clone, "tag", "-f", "-a", "-m", "the base, by hand", "kvforge/base/t", base.commit)
+    tag_object = git(clone, "rev-parse", "kvforge/base/t").strip()
+    res = kvforge("apply", "-t", "t", "--repo-dir", str(clone), "--json")
+    assert res.exit_code == 0, res.output
+    assert git(clone, "rev-parse", "kvforge/base/t").strip() == tag_object  # the user's tag object, kept
+    assert git(clone, "rev-parse", "kvforge/base/t-mine^{commit}").strip() == mine
+    assert git(clone, "rev-parse", "kvforge/t").strip() == json.loads(res.stdout)["head"]
+
+
 def test_conflicting_patch_leaves_nothing_behind(project, base_v0202, tmp_path):
     cache, base = base_v0202
     d = project / "patches" / "t"

@@ -113,3 +113,18 @@ def test_port_result_is_an_outcome():
                                            "in a.py)", "tree: /tmp/tree (branch kvforge/main)", "conflicts: a.py"]
     r.status = "applied"
     assert r.exit_code == 0 and r.error is None and "error" not in r.to_json()
+
+
+@pytest.mark.parametrize("to", ["main", "v0.20.1"])
+def test_port_of_a_vllm_ascend_fix_onto_a_vllm_target_is_refused(committed_project, tmp_path, to):
+    """ascend-dsv4-block-size lives only in v0.20.2rc's vllm-ascend series: it is not a vLLM fix, so porting it
+    onto a target's vLLM component is bad input (one line, exit 2), refused before any tree is made."""
+    tree = tmp_path / "port"
+    for extra in ([], ["--from-target", "v0.20.2rc"]):
+        r = kvforge("port", "ascend-dsv4-block-size", "--to", to, "--into", str(tree), "--source", "sdist", *extra)
+        assert r.exit_code == 2, r.output
+        [line] = r.stderr.strip().splitlines()
+        assert "vllm-ascend" in line and "patches/v0.20.2rc-vllm-ascend" in line and f"{to} (vllm)" in line, line
+        assert not tree.exists()  # no tree, let alone one stopped inside `git am`
+    r = kvforge("port", "ascend-dsv4-block-size", "--to", to, "--into", str(tree), "--json")
+    assert r.exit_code == 2 and json.loads(r.stdout)["exit"] == 2

@@ -139,7 +139,7 @@ def test_killed_rebase_continues_through_a_conflict(fake):
     stopped = kvforge("rebase", "-t", "fake", "--continue")
     assert stopped.exit_code == 3, stopped.output
     assert "0003-clamp-lo.patch" in stopped.stderr and "conflict" in stopped.stdout
-    tree = fake.cache / "trees" / ".work" / "rebase-fake-vllm"
+    tree = fake.cache / "trees" / ".work" / "rebase-fake-vllm-vllm-git"
     text = (tree / CORE).read_text()
     assert "<<<<<<<" in text and ">>>>>>>" in text
     assert snapshot(fake.root) == before
@@ -174,7 +174,7 @@ def test_abort_after_a_kill_restores_everything_byte_for_byte(fake, crash_at):
     assert aborted.exit_code == 0, aborted.output
     assert snapshot(fake.root) == before
     assert not state_dir(fake).exists()
-    tree = fake.cache / "trees" / ".work" / "rebase-fake-vllm"
+    tree = fake.cache / "trees" / ".work" / "rebase-fake-vllm-vllm-git"
     assert not tree.exists() or not (tree / git(tree, "rev-parse", "--git-path", "rebase-apply").strip()).exists()
     assert kvforge("rebase", "-t", "fake", "--abort").exit_code == 2  # nothing left to abort
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
+import pytest
 from click.testing import CliRunner
 from helpers import make_patch, write_series
 
@@ -75,3 +77,32 @@ def test_status_check_evaluates_drop_when_against_the_base(project, base_v0202):
     assert {r["base"] for r in data["patches"]} == {f"0.20.2 ({base.commit[:12]})"}
     text = kvforge("status", "--check").stdout
     assert "2 patches could be dropped now" in text and "2 cannot be told here" in text
+
+
+def test_status_check_with_an_unusable_cache_is_exit_5_naming_it(fake, tmp_path, monkeypatch):
+    """--check materialises bases into the cache: a cache it cannot write is an environment problem (5, one
+    line naming the cache), not a base "unavailable" for every patch and exit 0 blaming the network."""
+    fake.patch("0001-kept-fix", {"vllm_like/core.py": ("return 2 * x", "return x + x")}, kind="refactor")
+    fake.series("0001-kept-fix")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    monkeypatch.setenv("KVFORGE_CACHE", str(a_file / "cache"))  # a path under a file
+    res = kvforge("status", "--check")
+    assert res.exit_code == 5, res.output
+    [line] = res.stderr.strip().splitlines()
+    assert f"cannot write the kvforge cache at {a_file}" in line and "network" not in line
+    res = kvforge("status", "--check", "--json")
+    assert res.exit_code == 5 and json.loads(res.stdout)["exit"] == 5
+    # Read-only (immutable, so that root is refused too): the cache exists, nothing can be made in it.
+    cache = tmp_path / "ro-cache"
+    cache.mkdir()
+    monkeypatch.setenv("KVFORGE_CACHE", str(cache))
+    if subprocess.run(["chattr", "+i", str(cache)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")  # the path-under-a-file case above still ran
+    try:
+        res = kvforge("status", "--check")
+    finally:
+        subprocess.run(["chattr", "-i", str(cache)], check=True)
+    assert res.exit_code == 5, res.output
+    assert f"cannot write the kvforge cache at {cache}" in res.stderr and list(cache.iterdir()) == []
+    assert kvforge("status").exit_code == 0  # without --check no cache is needed

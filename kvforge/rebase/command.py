@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from pathlib import Path
@@ -11,12 +10,13 @@ from ..bases import ensure_base
 from ..context import Context
 from ..errors import EXIT_USAGE, KvforgeError
 from ..fsutil import crashpoint
-from ..targets import project_root
+from ..targets import project_root, target_name_problem
 from ..trees import open_stack
-from .commit import commit, range_diff
+from .commit import changed_files, commit, range_diff
 from .onto import resolve_onto
 from .result import Aborted, RebaseResult, result_of
-from .state import Digests, Phase, Plan, State, dir_digest, file_digest, load, lock, save, state_dir
+from .state import (Digests, Phase, Plan, State, bound_elsewhere, check_project, dir_digest, file_digest, load, lock,
+                    project_id, save, state_dir)
 from .steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 
 ACTIONS = ("start", "continue", "skip", "abort")
@@ -48,6 +48,7 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
     """Start a rebase of ctx's series onto `onto` (see the package docstring)."""
     start = time.monotonic()
     root = project_root()
+    _check_repo(ctx.repo_url)
     if as_target is not None:
         _check_new_target(root, ctx, as_target)
     with lock(ctx):
@@ -55,7 +56,13 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
         if st is not None and st.plan.dry_run and st.phase is Phase.RUNNING:
             _discard_state(ctx, st)  # an interrupted dry run: nothing to keep
             st = None
+        if st is not None:
+            check_project(st, root, ctx.label)
         if st is not None and st.phase is Phase.COMMITTING:
+            if dry_run:  # a dry run never writes: the interrupted commit is reported, not finished
+                raise KvforgeError(f"a rebase of {ctx.label} onto {st.plan.onto_ref} was interrupted while writing "
+                                   f"its result; `kvforge rebase -t {ctx.target.name} --continue` finishes it "
+                                   "(--dry-run writes nothing, so it stops here)", EXIT_USAGE)
             ctx.say("finishing an interrupted rebase commit first")
             commit(ctx, st)
             st = None
@@ -65,9 +72,9 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
                                EXIT_USAGE)
         series = ctx.series()
         t0 = time.monotonic()
+        new_comp, sha_source, notes = resolve_onto(ctx, onto, ctx.repo_url)  # a bad --onto: before any work
         old_base = ctx.base()
         stack = open_stack(ctx)
-        new_comp, sha_source, notes = resolve_onto(ctx, onto, ctx.repo_url)
         ctx.say(f"new base: {new_comp.release.package} {new_comp.ref}")
         new_base = ensure_base(new_comp, ctx.cache, ctx.source, ctx.repo_url, ctx.progress)
         olds = old_commits(ctx, stack, old_base, new_base)
@@ -85,7 +92,7 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
         the_plan = Plan(
             target=ctx.target.name, component=ctx.component.name, new_target=target_name, dry_run=dry_run,
             root=root, target_file=target_file, old_target_file=ctx.target.path, series_dir=series_dir,
-            old_series_dir=ctx.component.series_dir, state_dir=sdir, worktree=worktree_path(ctx),
+            old_series_dir=ctx.component.series_dir, state_dir=sdir, worktree=worktree_path(ctx, new_base.repo),
             onto=onto, onto_ref=new_comp.ref,
             onto_version=new_comp.release.version if sha_source != "git" else None,
             sha256=new_comp.release.sha256, sha256_source=sha_source,
@@ -95,7 +102,7 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
             digests=Digests(series=dir_digest(series_dir), target=file_digest(target_file),
                             old_series=dir_digest(ctx.component.series_dir),
                             old_target=file_digest(ctx.target.path)),
-            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), root_id=project_id(root))
         t0 = time.monotonic()
         steps, t_checks = plan(ctx, new_comp, new_base, series.patches, olds, checks)
         st = State(plan=the_plan, steps=steps, head=new_base.commit, notes=notes,
@@ -138,6 +145,8 @@ def rebase_abort(ctx: Context) -> Aborted:
             st = load(ctx)
         except KvforgeError:
             pass  # an unreadable state is removed all the same
+        if st is not None and st.plan.root.exists() and bound_elsewhere(st, project_root()):
+            check_project(st, project_root(), ctx.label)  # that project's rebase is its own to abort
         if st is not None and st.phase is Phase.COMMITTING:
             raise KvforgeError(f"the rebase of {ctx.label} is past its commit point (the new series is being "
                                f"written); `kvforge rebase -t {ctx.target.name} --continue` finishes it", EXIT_USAGE)
@@ -168,17 +177,45 @@ def _discard_state(ctx: Context, st: State | None) -> None:
 
 
 def _require_state(ctx: Context) -> State:
+    """The state of ctx's rebase, bound to this project; a change to the files its commit replaces is said
+    now (the commit then keeps both: kvforge.rebase.commit)."""
     st = load(ctx)
     if st is None:
         raise KvforgeError(f"no rebase of {ctx.label} in progress", EXIT_USAGE)
+    check_project(st, project_root(), ctx.label)
+    changed = changed_files(st)
+    if changed:
+        ctx.say(f"note: {', '.join(str(p) for p in changed)} changed since the rebase started; its commit will "
+                "not replace them (the result is kept in the cache instead)")
     return st
 
 
+def _check_repo(url: str | None) -> None:
+    """--repo naming a local path (/, ./, ../, ~, file://) that is not a directory: one line, exit 2 (git's own
+    message would be about access rights)."""
+    if not url:
+        return
+    local = url.removeprefix("file://") if url.startswith("file://") else url
+    if url.startswith(("/", "./", "../", "~", "file://")) and not Path(local).expanduser().is_dir():
+        raise KvforgeError(f"--repo {url}: no such directory (a git clone, or a URL)", EXIT_USAGE)
+
+
 def _check_new_target(root: Path, ctx: Context, name: str) -> None:
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name) or name.startswith("."):
-        raise KvforgeError(f"--as {name!r} is not a target name (letters, digits, '.', '_', '-')", EXIT_USAGE)
+    problem = target_name_problem(name)
+    if problem is not None:
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        raise KvforgeError(f"--as {shown!r} {problem}", EXIT_USAGE)
+    if len(ctx.target.components) > 1:
+        others = ", ".join(c.name for c in ctx.target.components if c.name != ctx.component.name)
+        raise KvforgeError(f"--as {name}: {ctx.target.name} has more than one component ({others} besides "
+                           f"{ctx.component.name}); a new target would share their series directories and refs. "
+                           f"Rebase {ctx.target.name} in place, or make targets/{name}.toml by hand first "
+                           "(--as for multi-component targets is a follow-up)", EXIT_USAGE)
     if (root / "targets" / f"{name}.toml").exists():
         raise KvforgeError(f"--as {name}: targets/{name}.toml exists; choose a new name", EXIT_USAGE)
     d = root / "patches" / name
-    if d.exists() and any(d.iterdir()):
+    if d.exists() and not d.is_dir():
+        raise KvforgeError(f"--as {name}: patches/{name} exists and is not a directory; choose a new name",
+                           EXIT_USAGE)
+    if d.is_dir() and any(d.iterdir()):
         raise KvforgeError(f"--as {name}: patches/{name} exists and is not empty; choose a new name", EXIT_USAGE)

@@ -23,7 +23,7 @@ from ..series import lint_directory
 from ..targets import display_path
 from .result import RebaseResult, result_of
 from .retarget import new_target_text
-from .state import DROPPED, Phase, State, Verdict, dir_digest, file_digest, save
+from .state import DROPPED, Phase, State, Verdict, dir_digest, file_digest, save, text_digest
 from .steps import release_worktree
 
 
@@ -35,13 +35,9 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
     dest, target_file = plan.series_dir, plan.target_file
     old_dir, old_target = plan.old_series_dir, plan.old_target_file
     if st.phase is not Phase.COMMITTING:
-        digests = plan.digests
-        if dir_digest(old_dir) != digests.old_series or file_digest(old_target) != digests.old_target:
-            raise KvforgeError(f"{old_dir} or {old_target} changed while the rebase ran; nothing was written. "
-                               f"`kvforge rebase -t {plan.target} --abort` and start again", EXIT_USAGE)
-        if dir_digest(dest) != digests.series or file_digest(target_file) != digests.target:
-            raise KvforgeError(f"{dest} or {target_file} changed while the rebase ran; nothing was written. "
-                               f"`kvforge rebase -t {plan.target} --abort` and start again", EXIT_USAGE)
+        changed = changed_files(st)
+        if changed:
+            _keep_both(ctx, st, changed)
         st.target_text = new_target_text(plan, ctx)
         st.phase = Phase.COMMITTING
         with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path) as tx:
@@ -50,6 +46,9 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
             crashpoint("rebase:commit-staged")
             tx.commit()
     else:
+        changed = changed_files(st)
+        if changed:
+            _keep_both(ctx, st, changed)
         with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path,
                                    recover=False) as tx:
             if dir_digest(dest) == st.new_series_digest:
@@ -74,6 +73,50 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
         release_worktree(plan.worktree)
     shutil.rmtree(plan.state_dir, ignore_errors=True)
     return result
+
+
+def changed_files(st: State) -> list[Path]:
+    """The project files the commit replaces that are no longer what the rebase started from (in phase
+    "committing", the rebase's own new version counts as unchanged: a killed commit wrote it)."""
+    plan, d = st.plan, st.plan.digests
+    out = []
+    ours_series = {d.series} | ({st.new_series_digest} if st.phase is Phase.COMMITTING else set())
+    ours_target = {d.target} | ({text_digest(st.target_text)} if st.phase is Phase.COMMITTING
+                                and st.target_text is not None else set())
+    if st.phase is Phase.COMMITTING and dir_digest(plan.series_dir) == "absent":
+        ours_series.add("absent")  # a killed fallback swap: the transaction's recovery puts it back
+    if dir_digest(plan.series_dir) not in ours_series:
+        out.append(plan.series_dir)
+    if file_digest(plan.target_file) not in ours_target:
+        out.append(plan.target_file)
+    if plan.old_series_dir != plan.series_dir and dir_digest(plan.old_series_dir) != d.old_series:
+        out.append(plan.old_series_dir)
+    if plan.old_target_file != plan.target_file and file_digest(plan.old_target_file) != d.old_target:
+        out.append(plan.old_target_file)
+    return out
+
+
+def _keep_both(ctx: Context, st: State, changed: list[Path]) -> None:
+    """Someone changed the files the commit would replace since the rebase started (an export, an edit):
+    write nothing there. The rebase's result goes to <cache>/rebase/kept/<target>-<component>-<time>/
+    (patches/<series>/ and targets/<target>.toml, the same layout), the state is removed, and the one-line
+    error says where both are."""
+    plan = st.plan
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = plan.state_dir.parent / "kept" / f"{plan.state_dir.name}-{stamp}"
+    dest = kept / "patches" / plan.series_dir.name
+    with seriesdir.transaction(dest, ctx.say, crash="rebase-kept", lint=lint_directory, show=str) as tx:
+        _stage(tx, st)
+        tx.commit()
+    text = st.target_text if st.target_text is not None else new_target_text(plan, ctx)
+    atomic_write_text(kept / "targets" / plan.target_file.name, text)
+    if st.worktree_ready:
+        release_worktree(plan.worktree)
+    shutil.rmtree(plan.state_dir, ignore_errors=True)
+    shown = ", ".join(display_path(p) for p in changed)
+    raise KvforgeError(f"{shown} changed since the rebase of {plan.target} started (an export or an edit); "
+                       f"nothing was written there. Your files are as you left them; the rebase's result is in "
+                       f"{kept} (compare, then copy or `kvforge export` what you keep)", EXIT_USAGE)
 
 
 def _stage(tx: seriesdir.Transaction, st: State) -> Path:

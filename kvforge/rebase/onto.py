@@ -8,13 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import gitutil
-from ..bases import release_files
+from ..bases import pypi_url, release_files
 from ..context import Context
 from ..errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from ..fsutil import sha256_file
 from ..targets import Component, Release, WheelPin
 
-VERSION_ONTO_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?(?:[A-Za-z0-9.+-]*)?)$")
+# ASCII digits only (\d would take Arabic-Indic ones), matched whole (fullmatch: `$` would allow a trailing newline).
+VERSION_ONTO_RE = re.compile(r"v?([0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[A-Za-z0-9.+-]*)?)", re.ASCII)
 
 
 def _sha_of(files: list[dict], filename: str) -> str | None:
@@ -34,7 +35,10 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
     """
     comp = ctx.component
     notes: list[str] = []
-    m = VERSION_ONTO_RE.match(onto)
+    if not onto.isascii() or not onto.isprintable() or not onto.strip() or onto != onto.strip():
+        raise KvforgeError(f"--onto {onto!r} is not a release version or a git ref (ASCII, no spaces or control "
+                           "characters)", EXIT_USAGE)
+    m = VERSION_ONTO_RE.fullmatch(onto)
     repo_url = repo_url or os.environ.get(f"KVFORGE_{comp.name.upper().replace('-', '_')}_REPO")
     use_git = bool(repo_url) or ctx.source == "git"
     if not m and not use_git:
@@ -62,9 +66,13 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
             notes.append(f"{exc}; falling back to the cached archive")
             files = None
     if files is not None:
+        if not files:
+            raise KvforgeError(f"--onto {onto}: {release.package} {version} is not a release on the package index "
+                               f"({pypi_url()})", EXIT_USAGE)
         sha = _sha_of(files, release.filename)
         if sha is None:
-            raise KvforgeError(f"PyPI has no sdist {release.filename} for {release.package}=={version}", EXIT_NETWORK)
+            raise KvforgeError(f"--onto {onto}: {release.package} {version} has no sdist {release.filename} on the "
+                               "package index (a rebase needs the release source)", EXIT_USAGE)
         source = "pypi"
         if comp.wheel is not None:
             wanted = comp.wheel.filename.replace(f"-{comp.release.version}-", f"-{version}-", 1)

@@ -52,6 +52,7 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
         m = STRING_RE.match(line.rstrip("\n"))
         return f"{m.group(1)}{key}{m.group(3)}{json.dumps(value)}{m.group(5)}\n" if m else line
 
+    other_refs = _other_refs(lines, comp_index)  # kept as they are in the description (their ref stays)
     for line in lines:
         h = HEADER_RE.match(line.rstrip("\n"))
         if h:
@@ -73,7 +74,7 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
         if section == "" and key == "name" and name:
             line = put(line, "name", name)
         elif section == "" and key == "description" and new_version is not None and m is not None:
-            line = put(line, "description", m.group(4).replace(old_version, new_version))
+            line = put(line, "description", _replace_outside(m.group(4), old_version, new_version, other_refs))
         elif section == "components" and comp == comp_index and key == "ref":
             line = put(line, "ref", ref)
         elif section == "components" and comp == comp_index and key == "series" and series:
@@ -101,3 +102,26 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
     while result.endswith("\n\n"):
         result = result[:-1]
     return result
+
+
+def _other_refs(lines: list[str], comp_index: int) -> list[str]:
+    """The `ref` of every component but `comp_index` (v0.20.2rc's "releases/v0.20.2rc" for vllm-ascend)."""
+    refs, section, comp = [], "", -1
+    for line in lines:
+        h = HEADER_RE.match(line.rstrip("\n"))
+        if h:
+            section = h.group(2)
+            comp += section == "components" and h.group(1) == "[["
+            continue
+        m = STRING_RE.match(line.rstrip("\n"))
+        if m and section == "components" and comp != comp_index and m.group(2) == "ref" and m.group(4):
+            refs.append(m.group(4))
+    return refs
+
+
+def _replace_outside(text: str, old: str, new: str, protected: list[str]) -> str:
+    """`text` with `old` replaced by `new` except inside the `protected` strings."""
+    if not protected:
+        return text.replace(old, new)
+    parts = re.split("(" + "|".join(re.escape(p) for p in sorted(protected, key=len, reverse=True)) + ")", text)
+    return "".join(part if part in protected else part.replace(old, new) for part in parts)

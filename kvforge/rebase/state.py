@@ -110,6 +110,7 @@ class Plan:
     repo_url: str | None
     digests: Digests
     started: str  # UTC, ISO 8601
+    root_id: str = ""  # the project directory's identity (device:inode): the state is bound to it
 
 
 @dataclass
@@ -156,9 +157,11 @@ def state_dir(ctx: Context) -> Path:
 
 
 def lock(ctx: Context) -> AbstractContextManager[None]:
-    """One rebase of a target at a time."""
+    """One rebase of a target at a time. An unusable cache (a path under a file, read-only) is one
+    error here (EXIT_ENV), before anything else."""
     d = state_dir(ctx)
-    d.parent.mkdir(parents=True, exist_ok=True)
+    ctx.cache.writable("rebase")
+    ctx.cache.writable("trees", ".work")
     return file_lock(d.parent / f".{d.name}.lock", ctx.progress, f"the rebase of {ctx.label}")
 
 
@@ -258,11 +261,43 @@ def _decode(tp: Any, value: Any, where: str) -> Any:
     raise _Malformed(f"{where}: no decoder for {tp!r}")  # a type added above without one here
 
 
+# ---------------------------------------------------------------- the project the state belongs to
+
+
+def project_id(root: Path) -> str:
+    """The project directory's identity: device and inode (a copy or another checkout differs)."""
+    st = root.stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def bound_elsewhere(st: State, root: Path) -> str | None:
+    """None when `st` belongs to the project at `root`; else why not (one clause)."""
+    if st.plan.root.resolve() != root.resolve():
+        return f"it was started in the project {st.plan.root}, not {root}"
+    if st.plan.root_id and st.plan.root_id != project_id(root):
+        return f"it was started in another project that was at {st.plan.root} (the directory was replaced)"
+    return None
+
+
+def check_project(st: State, root: Path, label: str) -> None:
+    """Refuse to act on a rebase another checkout (KVFORGE_ROOT) started: it writes that checkout's files."""
+    why = bound_elsewhere(st, root)
+    if why is not None:
+        raise KvforgeError(f"the rebase of {label} in progress is not this project's: {why}; run kvforge there "
+                           f"(KVFORGE_ROOT={st.plan.root}); this project's patches/ and targets/ were not touched",
+                           EXIT_USAGE)
+
+
 # ---------------------------------------------------------------- digests
 
 
 def file_digest(path: Path) -> str:
     return sha256_file(path) if path.is_file() else "absent"
+
+
+def text_digest(text: str) -> str:
+    """file_digest of a file holding `text` (UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def dir_digest(path: Path) -> str:

@@ -70,10 +70,13 @@ def plan(ctx: Context, new_comp: Component, new_base: Base, patches: list[Patch]
 # ---------------------------------------------------------------- the worktree
 
 
-def worktree_path(ctx: Context) -> Path:
-    """The target's rebase worktree: kept between rebases (moving it to a new base rewrites only the
-    files that differ), owned by kvforge; the user works in it only to resolve a conflict."""
-    path = ctx.cache.trees / ".work" / f"rebase-{ctx.target.name}-{ctx.component.name}"
+def worktree_path(ctx: Context, repo: Path) -> Path:
+    """The target's rebase worktree of `repo` (the new base's repository): kept between rebases (moving it
+    to a new base rewrites only the files that differ), owned by kvforge; the user works in it only to
+    resolve a conflict. Keyed by the repository it belongs to (vllm-sdist, vllm-git, ...): a rebase from
+    a git clone and one from the sdist never share (or fight over) one directory."""
+    key = repo.name.removesuffix(".git")
+    path = ctx.cache.trees / ".work" / f"rebase-{ctx.target.name}-{ctx.component.name}-{key}"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -142,7 +145,8 @@ def _fix_depends_on(st: State, i: int) -> None:
 def _am_run(ctx: Context, st: State) -> bool:
     """Apply the run of carried patches from st.position with ONE `git am -3` (the cost of plain git);
     patches the signals drop inside the run are left out. Stops short of a patch that conflicts or
-    changes nothing (the per-patch path then handles it alone). False when the run is shorter than 2."""
+    changes nothing (the per-patch path then handles it alone). True only when st.position moved
+    (at least one patch carried); False when the run is shorter than 2 or its first patch did not apply."""
     steps, worktree = st.steps, st.plan.worktree
     run: list[int] = []
     j = st.position
@@ -175,6 +179,11 @@ def _am_run(ctx: Context, st: State) -> bool:
         st.head = c
     if res.returncode != 0 or good < len(run):
         reset(worktree, st.head)  # drop what came after the stop: that patch is applied alone next
+    if good == 0:
+        # The run's first patch did not apply (or changes nothing): nothing moved, so this is no
+        # progress. The per-patch path decides that patch (a stop, or a verdict) on this same call.
+        save(st)
+        return False
     st.position = run[good] if good < len(run) else run[-1] + 1
     save(st)
     crashpoint("rebase:state-saved")
@@ -188,7 +197,7 @@ def apply_steps(ctx: Context, st: State) -> bool:
     dry = st.plan.dry_run
     t0 = time.monotonic()
     while st.position < len(st.steps):
-        i = st.position
+        i = st.position  # every pass of this loop moves st.position past i, or returns (a stop)
         p = st.steps[i]
         if p.decision == "upstream" and p.verdict is Verdict.PENDING:
             p.verdict, p.how = Verdict.UPSTREAM, "not applied"
@@ -197,7 +206,9 @@ def apply_steps(ctx: Context, st: State) -> bool:
             continue
         _ensure_worktree(st)
         if not dry and _am_run(ctx, st):
+            assert st.position > i, f"rebase: a git am run of {p.name} returned progress without moving"
             continue  # a run of carried patches applied in one `git am`; st.position moved past it
+        assert st.position == i, "rebase: a git am run that made no progress moved the position"
         ctx.say(f"applying {p.name}")
         _fix_depends_on(st, i)
         how, commit, out = am_one(worktree, st.patch_copy(p.name), st.head)

@@ -1,0 +1,148 @@
+"""The real-rebase lane (slow, in CI): shipped targets rebased for real (no --dry-run) onto real vLLM releases
+from PyPI, each run to completion or to its correct stop within a time bound, patches/ and targets/
+checked after each. A copy of the project (a tmp KVFORGE_ROOT) and a test cache that links the user
+cache's downloads (each sdist is downloaded once there).
+
+- 0.21.0: every patch carried or dropped as the signals say; the rebase finishes and writes once.
+- 0.22.0: stops at 0002 (exit 3) at once; a scripted resolution (keep the new base's side of each
+  conflicted file: 0.22.0 has its own block mask) and --continue, repeated, finish it.
+- 0.33.0: the fixes upstream has are dropped; the main-only kv-events conflict stops the rebase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvforge.cache import default_cache_dir
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BOUND = 240  # seconds: one rebase command, a base import included
+
+
+def _download(version: str) -> Path:
+    from kvforge.bases import download_sdist
+    from kvforge.cache import Cache
+    from kvforge.targets import Release
+
+    user = Cache(default_cache_dir())
+    path = user.downloads / f"vllm-{version}.tar.gz"
+    if not path.is_file():
+        class Wanted:  # what download_sdist reads of a component
+            release = Release("vllm", version)
+        download_sdist(Wanted, user, print)
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("rebase-real-cache")
+    (cache / "downloads").mkdir()
+    for version in ("0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.33.0"):
+        src = _download(version)
+        try:
+            os.link(src, cache / "downloads" / src.name)
+        except OSError:
+            shutil.copy2(src, cache / "downloads" / src.name)
+    return cache
+
+
+@pytest.fixture()
+def proj(tmp_path) -> Path:
+    root = tmp_path / "project"
+    for d in ("targets", "patches"):
+        shutil.copytree(REPO_ROOT / d, root / d)
+    return root
+
+
+def kvforge(root: Path, cache: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(cache)}
+    for k in ("KVFORGE_OFFLINE", "KVFORGE_VLLM_REPO", "KVFORGE_CRASH_AT"):
+        env.pop(k, None)
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", "from kvforge.cli import main; main()", *args], env=env,
+                       capture_output=True, text=True, timeout=BOUND)
+    return r, time.monotonic() - t
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for d in ("patches", "targets")
+            for p in sorted((root / d).rglob("*")) if p.is_file()}
+
+
+def lints(root: Path, cache: Path) -> None:
+    r, _ = kvforge(root, cache, "lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_0210_every_target_carried_or_dropped(proj, real_cache):
+    for target in ("v0.20.1", "v0.20.2rc"):
+        r, secs = kvforge(proj, real_cache, "rebase", "-t", target, "--component", "vllm", "--onto", "0.21.0",
+                          "--json")
+        assert r.returncode == 0, r.stderr
+        data = json.loads(r.stdout)
+        assert data["state"] == "done" and {p["verdict"] for p in data["patches"]} <= {"carried", "upstream"}
+        carried = [p["name"] for p in data["patches"] if p["verdict"] == "carried"]
+        series = (proj / "patches" / target / "series").read_text().split()
+        assert [n for n in series if not n.startswith("#")] == carried
+        text = (proj / "targets" / f"{target}.toml").read_text()
+        assert 'ref = "v0.21.0"' in text and 'version = "0.21.0"' in text
+        print(f"{target} onto 0.21.0: {len(carried)} carried, {len(data['patches']) - len(carried)} dropped, "
+              f"{secs:.1f}s")
+    lints(proj, real_cache)
+
+
+def test_0220_stops_at_0002_and_continue_finishes(proj, real_cache):
+    before = files(proj)
+    r, secs = kvforge(proj, real_cache, "rebase", "-t", "v0.20.2rc", "--component", "vllm", "--onto", "0.22.0",
+                      "--json")
+    assert r.returncode == 3, r.stderr
+    data = json.loads(r.stdout)
+    assert data["patches"][data["stopped_at"]]["name"] == "0002-swa-reachable-cache-mask.patch"
+    assert files(proj) == before
+    print(f"v0.20.2rc onto 0.22.0: stopped at 0002 in {secs:.1f}s")
+    worktree = Path(data["worktree"])
+    for n in range(6):  # the scripted resolution: the new base's side of every conflicted file
+        unmerged = subprocess.run(["git", "diff", "--name-only", "--diff-filter=U"], cwd=worktree, check=True,
+                                  capture_output=True, text=True).stdout.split()
+        if unmerged:
+            subprocess.run(["git", "checkout", "--ours", "--", *unmerged], cwd=worktree, check=True)
+            subprocess.run(["git", "add", "--", *unmerged], cwd=worktree, check=True)
+        r, secs = kvforge(proj, real_cache, "rebase", "-t", "v0.20.2rc", "--component", "vllm", "--continue",
+                          "--json")
+        print(f"  --continue {n + 1}: exit {r.returncode} in {secs:.1f}s")
+        if r.returncode != 3:
+            break
+        assert files(proj) == before  # nothing written before the end
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["state"] == "done"
+    assert 'ref = "v0.22.0"' in (proj / "targets" / "v0.20.2rc.toml").read_text()
+    assert files(proj)["patches/v0.20.2rc-vllm-ascend/series"] == before["patches/v0.20.2rc-vllm-ascend/series"]
+    lints(proj, real_cache)
+
+
+def test_0330_drops_the_upstream_fixes_and_stops_at_the_main_only_conflict(proj, real_cache):
+    before = files(proj)
+    r, secs = kvforge(proj, real_cache, "rebase", "-t", "v0.20.2rc", "--component", "vllm", "--onto", "0.33.0",
+                      "--json")
+    data = json.loads(r.stdout)
+    verdicts = {p["name"]: p["verdict"] for p in data["patches"]}
+    print(f"v0.20.2rc onto 0.33.0: exit {r.returncode} in {secs:.1f}s: {verdicts}")
+    assert r.returncode == 3, r.stderr
+    stopped = data["patches"][data["stopped_at"]]
+    assert stopped["fix_id"] == "kv-events-token-ids" and stopped["verdict"] == "conflict"
+    assert [p["verdict"] for p in data["patches"][:data["stopped_at"]]] and \
+        all(p["verdict"] == "upstream" for p in data["patches"][:data["stopped_at"]])
+    assert files(proj) == before
+    r, _ = kvforge(proj, real_cache, "rebase", "-t", "v0.20.2rc", "--component", "vllm", "--abort")
+    assert r.returncode == 0 and files(proj) == before
