@@ -53,6 +53,7 @@ Verification (every build, before the wheel gets its name in --out; a failing wh
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shlex
@@ -81,6 +82,8 @@ from .trees import open_stack, resolve_from
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
                     read_members, record_hash, wheel_sort_key)
 
+# Writing to --out failed for a reason of its file system: full, over quota, file too large, read-only, denied
+OUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 RECIPE = 1  # bump when the overlay's output bytes change for the same inputs
 IDENTITY_FILE = "kvforge.json"
 STALE_VERIFY = r"^\.verify-(?P<pid>\d+)$"
@@ -516,9 +519,13 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     if wheel is None:
         if result.ok:
             final = out / result.filename
-            with open(built, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(built, final)  # the verified wheel gets its name in --out in one step
+            try:
+                with open(built, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(built, final)  # the verified wheel gets its name in --out in one step
+            except OSError as exc:
+                shutil.rmtree(built.parent, ignore_errors=True)
+                raise out_error(out, exc) from None
             result.wheel = str(final)
         shutil.rmtree(built.parent, ignore_errors=True)
     else:
@@ -528,6 +535,12 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
     result.report = str(report)
     return result
+
+
+def out_error(out: Path, exc: OSError) -> KvforgeError:
+    """A wheel that cannot be written to --out (full disk, quota, read-only, no permission): exit 5, one line."""
+    return KvforgeError(f"--out {out}: cannot write the wheel there ({exc.strerror or exc}); nothing was written",
+                        EXIT_ENV)
 
 
 def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
@@ -564,12 +577,20 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
         remove_stale(out, STALE_STAGE)
     stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
+    try:
+        stage.mkdir()
+    except OSError as exc:
+        raise out_error(out, exc) from None
     part = stage / result.filename
     prepare = time.monotonic() - t
     w0 = time.monotonic()
     try:
         stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
+            raise  # not a write to --out (reading the cached wheel): not the disk of --out
+        raise out_error(out, exc) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
