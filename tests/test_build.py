@@ -533,3 +533,36 @@ def test_cuda_verification_without_a_gpu_is_not_run(project, base_v0202, tmp_pat
                                     "--python", sys.executable, "--json"])
     assert res.exit_code == 7, res.output  # this python has no CUDA torch: nothing ran, nothing passed
     assert "not run" in json.loads(res.stdout)["error"]
+
+
+def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, tmp_path):
+    """--out on a file system that cannot take the wheel (here: the file size limit the kernel enforces,
+    EFBIG, as a full disk gives ENOSPC): exit 5, one line naming --out, nothing left in --out."""
+    import resource
+
+    from kvforge.context import Context
+    from kvforge.trees import open_stack
+
+    cache, base = base_v0202
+    files = base_files(base)
+    block, big = b"kvforge", []
+    for _ in range(3 * 1024 * 1024 // 32):  # 3 MB that do not compress
+        block = hashlib.sha256(block).digest()
+        big.append(block)
+    files["vllm/_C.abi3.so"] = b"".join(big)
+    pin_wheel(project, cache, make_wheel(tmp_path / WHEEL_NAME, files))
+    marker_series(project, base)
+    open_stack(Context.load(cache, "t"))  # the stack is built before the limit applies: only --out is limited
+    out = tmp_path / "dist"
+    limit = 1024 * 1024
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    res = subprocess.run([sys.executable, "-c", "from kvforge.cli import main; main()", "build", "--target", "t",
+                          "--out", str(out)], capture_output=True, text=True, preexec_fn=small_disk, timeout=600)
+    assert res.returncode == 5, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"kvforge: error: --out {out}: cannot write the wheel there (File too large)"), lines
+    assert "Traceback" not in res.stderr
+    assert list(out.iterdir()) == []
