@@ -56,6 +56,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -129,6 +130,7 @@ class BuildResult:
     component: str
     mode: str  # overlay | source
     version: str
+    local_version: str = ""  # the wheel's version: the release's + kvforge's local label (local_version)
     base: str = ""
     base_ref: str = ""
     series: str = ""
@@ -327,11 +329,12 @@ def build_tag_for(upstream_filename: str, digest: str) -> str:
     return f"{number + 1}_kvforge_{digest}"
 
 
-def output_filename(upstream_filename: str, build_tag: str) -> str:
-    """Upstream's name with the build tag (replacing upstream's): name-version-BUILD-py-abi-platform.whl."""
+def output_filename(upstream_filename: str, build_tag: str, version: str | None = None) -> str:
+    """Upstream's name with the build tag (replacing upstream's) and, when given, the local version:
+    name-version-BUILD-py-abi-platform.whl."""
     parts = upstream_filename[:-len(".whl")].split("-")
-    name, version, tags = parts[0], parts[1], parts[-3:]
-    return "-".join([name, version, build_tag, *tags]) + ".whl"
+    name, tags = parts[0], parts[-3:]
+    return "-".join([name, version or parts[1], build_tag, *tags]) + ".whl"
 
 
 def _wheel_text(text: str, build_tag: str) -> bytes:
@@ -341,9 +344,25 @@ def _wheel_text(text: str, build_tag: str) -> bytes:
     return ("\n".join(lines) + f"\nBuild: {build_tag}\n\n").encode()
 
 
+def local_version(release: str, target: str, digest: str) -> str:
+    """The patched wheel's version: the release's with a PEP 440 local label naming kvforge, the target and
+    the series digest (`0.20.2+kvforge.v0.20.2rc.3ade4a00e47759bf`): what pip freeze, pip show, lock files
+    and importlib.metadata show. Characters a local label cannot hold become '.'."""
+    label = re.sub(r"[^A-Za-z0-9.]+", ".", target).strip(".").lower()
+    return f"{release}+kvforge.{label}.{digest}" if label else f"{release}+kvforge.{digest}"
+
+
+def _metadata_text(text: str, version: str) -> bytes:
+    """METADATA with its Version: header set to `version` (nothing else changes)."""
+    head, sep, body = text.partition("\n\n")
+    lines = [f"Version: {version}" if ln.startswith("Version:") else ln for ln in head.split("\n")]
+    return ("\n".join(lines) + sep + body).encode()
+
+
 def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
-            identity: dict, build_tag: str, members=None) -> dict:
-    """Write the new wheel to `out_path`; return {"members", "copied", "written"}."""
+            identity: dict, build_tag: str, members=None, version: str | None = None) -> dict:
+    """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
+    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged."""
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
@@ -370,7 +389,19 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
             raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
     new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
     new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
+    meta_name = f"{info}/METADATA"
+    if version is not None and meta_name in by_name:
+        new[meta_name] = _metadata_text(read_member(upstream, by_name[meta_name]).decode("utf-8"), version)
     names = (present | set(new)) - remove
+    if version is not None:  # the dist-info directory is named after the version: every member moves
+        new_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
+        moved = {n: new_info + n[len(info):] for n in names if n.startswith(info + "/")}
+        for old_name, new_name in moved.items():
+            new[new_name] = new.pop(old_name) if old_name in new else read_member(upstream, by_name[old_name])
+            if old_name in by_name:  # its mode
+                by_name.setdefault(new_name, by_name[old_name])
+        names = (names - set(moved)) | set(moved.values())
+        info, record_name = new_info, f"{new_info}/RECORD"
     order = sorted(names, key=lambda n: wheel_sort_key(n, info)) + [record_name]
     rows = []
     for name in order[:-1]:
@@ -406,6 +437,7 @@ def _identity(ctx, stack, upstream_pin, changes: list[Change], build_tag: str) -
         "target": ctx.target.name,
         "component": ctx.component.name,
         "version": ctx.component.release.version,
+        "local_version": local_version(ctx.component.release.version, ctx.target.name, stack.digest),
         "build_tag": build_tag,
         "base": {"ref": stack.base.ref, "commit": stack.base.commit, "source": stack.base.source},
         "series": {"digest": stack.digest, "origin": "series" if stack.origin == "series" else "commits",
@@ -444,7 +476,8 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
     result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
     result.build_tag = build_tag_for(comp.wheel.filename, stack.digest)
-    result.filename = output_filename(comp.wheel.filename, result.build_tag)
+    result.local_version = local_version(comp.release.version, ctx.target.name, stack.digest)
+    result.filename = output_filename(comp.wheel.filename, result.build_tag, result.local_version)
     out = Path(out)
     repo = stack.base.repo
     changes = diff_paths(repo, stack.base.commit, patched)
@@ -585,7 +618,8 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
     prepare = time.monotonic() - t
     w0 = time.monotonic()
     try:
-        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members)
+        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members,
+                        result.local_version or None)
     except OSError as exc:
         shutil.rmtree(stage, ignore_errors=True)
         if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
@@ -714,6 +748,9 @@ def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, test
             v.problems.append(f"vllm imported from {v.probe['vllm_file']}, not from the installed wheel")
         if not v.probe["version_is_release"]:
             v.problems.append(f"vllm.__version__ {v.probe['version']} != the release {ctx.component.release.version}")
+        want = local_version(ctx.component.release.version, ctx.target.name, stack.digest)
+        if v.probe.get("metadata_version") != want and wheel.name.split("-")[1] == want:
+            v.problems.append(f"importlib.metadata says vllm {v.probe.get('metadata_version')}, the wheel {want}")
         ident = v.probe.get("identity") or {}
         if ident.get("series", {}).get("digest") != stack.digest or ident.get("base", {}).get("commit") != stack.base.commit:
             v.problems.append("the installed kvforge.json does not name this base and series")
@@ -882,7 +919,9 @@ def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_pa
         pin = ctx.component.wheel
         if pin is None:
             raise KvforgeError(f"{ctx.target.path}: no [components.wheel] pin", EXIT_USAGE)
-        name = output_filename(pin.filename, build_tag_for(pin.filename, open_stack(ctx).digest))
+        digest = open_stack(ctx).digest
+        name = output_filename(pin.filename, build_tag_for(pin.filename, digest),
+                               local_version(ctx.component.release.version, ctx.target.name, digest))
         wheel = wheel_path / name
         if not wheel.is_file():
             raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",
