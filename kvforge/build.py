@@ -67,7 +67,8 @@ import urllib.parse
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from . import gitutil
 from .bases import STALE_DOWNLOAD, Progress, download_pinned, release_files
@@ -77,7 +78,7 @@ from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE
 from .fsutil import atomic_write_text, remove_stale, sha256_file
 from .outcome import Done
 from .platforms import require_available
-from .targets import Component
+from .targets import Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
 from .trees import open_stack, resolve_from
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
@@ -188,6 +189,35 @@ def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
                            EXIT_NETWORK)
     url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
     return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
+
+
+ARCHES = ("x86_64", "aarch64")  # the platforms a deployment installs vLLM's release wheels on
+
+
+def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:
+    """{architecture: pin} for a release, chosen from the package index's file list (PyPI's JSON API or
+    $KVFORGE_PYPI_URL): per architecture, the manylinux wheel of exactly `version` with the highest build
+    number (0.21.0's re-released `-1-` wheels over the first upload), whatever its manylinux tag
+    (2_35 for 0.20.2, 2_24 for 0.21.0, 2_28 for 0.22.0), pinned by the sha256 the index lists. The one
+    choice `kvforge rebase --as` and new targets reuse to write [components.wheel]."""
+    _index, files = release_files(package, version)
+    best: dict[str, tuple[tuple, WheelPin]] = {}
+    for f in files:
+        name, sha = f.get("filename") or "", (f.get("digests") or {}).get("sha256")
+        if not name.endswith(".whl") or not sha:
+            continue
+        try:
+            dist, ver, build, tags = parse_wheel_filename(name)
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if dist != canonicalize_name(package) or ver != Version(version):
+            continue
+        for arch in ARCHES:
+            if any(t.platform.startswith("manylinux") and t.platform.endswith("_" + arch) for t in tags):
+                key = (build[0] if build else 0, name)
+                if arch not in best or key > best[arch][0]:
+                    best[arch] = (key, WheelPin(filename=name, sha256=sha.lower()))
+    return {arch: pin for arch, (_k, pin) in sorted(best.items())}
 
 
 class Hasher(threading.Thread):

@@ -599,3 +599,19 @@ def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, t
     assert lines[-1].startswith(f"kvforge: error: --out {out}: cannot write the wheel there (File too large)"), lines
     assert "Traceback" not in res.stderr
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_list():
+    """PyPI's real file lists: vLLM 0.20.2 (manylinux_2_35), 0.21.0 (manylinux_2_24, re-released as build 1
+    beside the first upload) and 0.22.0 (manylinux_2_28): one pin per architecture, never by the previous
+    release's file name."""
+    got = {v: kbuild.choose_wheels("vllm", v) for v in ("0.20.2", "0.21.0", "0.22.0")}
+    assert {v: sorted(p) for v, p in got.items()} == {v: ["aarch64", "x86_64"] for v in got}
+    assert got["0.20.2"]["x86_64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
+    assert got["0.20.2"]["x86_64"].sha256 == "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"
+    assert got["0.20.2"]["aarch64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl"
+    assert got["0.21.0"]["x86_64"].filename == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"
+    assert got["0.21.0"]["aarch64"].filename == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_aarch64.whl"
+    assert all("manylinux_2_28" in p.filename for p in got["0.22.0"].values())
+    assert all(len(p.sha256) == 64 for v in got.values() for p in v.values())
