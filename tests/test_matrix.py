@@ -344,9 +344,12 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     assert npu["container"] == PLATFORMS["npu"].container and "cann:9.0.0-910b" in npu["container"]
     assert npu["setup"][1:] == [
         "kvforge apply --target c",
-        "VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.20.2 python3 -m pip install -e vllm-c",
-        "python3 -m pip install -r vllm-ascend-c/requirements-dev.txt && python3 -m pip install -e vllm-ascend-c "
-        "pytest tblib"]
+        # vllm-ascend's releases/v0.20.2rc .github/workflows/_e2e_test.yaml: triton out, triton-ascend in
+        "VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.20.2 python3 -m pip install -e vllm-c "
+        "&& python3 -m pip uninstall -y triton",
+        "python3 -m pip install -r vllm-ascend-c/requirements-dev.txt "
+        "&& python3 -m pip install --force-reinstall --no-deps triton-ascend==3.2.1 "
+        "&& python3 -m pip install -e vllm-ascend-c pytest tblib"]
     assert npu["command"] == ("cd vllm-ascend-c && python3 -m pytest -o junit_family=xunit2 "
                               "--junitxml=kvforge-c-vllm-ascend-npu.xml tests/ut")
     assert npu["junit"] == ["vllm-ascend-c/kvforge-c-vllm-ascend-npu.xml"]
@@ -368,6 +371,12 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     assert res.returncode == 0, res.stdout + res.stderr
     pipe = tmp_path / "pipeline.yml"
     pipe.write_text(matrix("--format", "buildkite", "--target", "c").stdout)
+    # The NPU step's container gets what vLLM's run-npu-test.sh passes to docker run: the card, the Ascend
+    # device nodes, the host's driver and tools.
+    step = next(st for st in y.load(pipe.read_text())["steps"] if st["key"] == "npu-c-vllm-ascend")
+    docker = step["plugins"][0]["docker#v5.12.0"]
+    assert {"/dev/davinci0", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"} <= set(docker["devices"])
+    assert any(v.startswith("/usr/local/Ascend/driver/lib64/") for v in docker["volumes"])
     res = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.buildkite", str(pipe)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
