@@ -61,7 +61,8 @@ def overlay_like_build(ctx, out: Path) -> tuple[Path, dict]:
     kbuild.classify(changes, {m.name for m in members}, lambda *_: None)
     res = kbuild.BuildResult(ctx.target.name, comp.name, "overlay", comp.release.version)
     res.build_tag = kbuild.build_tag_for(comp.wheel.filename, stack.digest)
-    res.filename = kbuild.output_filename(comp.wheel.filename, res.build_tag)
+    res.local_version = kbuild.local_version(comp.release.version, ctx.target.name, stack.digest)
+    res.filename = kbuild.output_filename(comp.wheel.filename, res.build_tag, res.local_version)
     built, secs = kbuild.write_overlay(ctx, stack, upstream, out, changes,
                                        {"base": stack.base.commit, "patched": patched}, res, members)
     hasher.join()

@@ -53,8 +53,10 @@ Verification (every build, before the wheel gets its name in --out; a failing wh
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -65,7 +67,8 @@ import urllib.parse
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from . import gitutil
 from .bases import STALE_DOWNLOAD, Progress, download_pinned, release_files
@@ -75,12 +78,14 @@ from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE
 from .fsutil import atomic_write_text, remove_stale, sha256_file
 from .outcome import Done
 from .platforms import require_available
-from .targets import Component
+from .targets import Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
 from .trees import open_stack, resolve_from
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
                     read_members, record_hash, wheel_sort_key)
 
+# Writing to --out failed for a reason of its file system: full, over quota, file too large, read-only, denied
+OUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 RECIPE = 1  # bump when the overlay's output bytes change for the same inputs
 IDENTITY_FILE = "kvforge.json"
 STALE_VERIFY = r"^\.verify-(?P<pid>\d+)$"
@@ -126,6 +131,7 @@ class BuildResult:
     component: str
     mode: str  # overlay | source
     version: str
+    local_version: str = ""  # the wheel's version: the release's + kvforge's local label (local_version)
     base: str = ""
     base_ref: str = ""
     series: str = ""
@@ -183,6 +189,35 @@ def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
                            EXIT_NETWORK)
     url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
     return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
+
+
+ARCHES = ("x86_64", "aarch64")  # the platforms a deployment installs vLLM's release wheels on
+
+
+def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:
+    """{architecture: pin} for a release, chosen from the package index's file list (PyPI's JSON API or
+    $KVFORGE_PYPI_URL): per architecture, the manylinux wheel of exactly `version` with the highest build
+    number (0.21.0's re-released `-1-` wheels over the first upload), whatever its manylinux tag
+    (2_35 for 0.20.2, 2_24 for 0.21.0, 2_28 for 0.22.0), pinned by the sha256 the index lists. The one
+    choice `kvforge rebase --as` and new targets reuse to write [components.wheel]."""
+    _index, files = release_files(package, version)
+    best: dict[str, tuple[tuple, WheelPin]] = {}
+    for f in files:
+        name, sha = f.get("filename") or "", (f.get("digests") or {}).get("sha256")
+        if not name.endswith(".whl") or not sha:
+            continue
+        try:
+            dist, ver, build, tags = parse_wheel_filename(name)
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if dist != canonicalize_name(package) or ver != Version(version):
+            continue
+        for arch in ARCHES:
+            if any(t.platform.startswith("manylinux") and t.platform.endswith("_" + arch) for t in tags):
+                key = (build[0] if build else 0, name)
+                if arch not in best or key > best[arch][0]:
+                    best[arch] = (key, WheelPin(filename=name, sha256=sha.lower()))
+    return {arch: pin for arch, (_k, pin) in sorted(best.items())}
 
 
 class Hasher(threading.Thread):
@@ -324,11 +359,12 @@ def build_tag_for(upstream_filename: str, digest: str) -> str:
     return f"{number + 1}_kvforge_{digest}"
 
 
-def output_filename(upstream_filename: str, build_tag: str) -> str:
-    """Upstream's name with the build tag (replacing upstream's): name-version-BUILD-py-abi-platform.whl."""
+def output_filename(upstream_filename: str, build_tag: str, version: str | None = None) -> str:
+    """Upstream's name with the build tag (replacing upstream's) and, when given, the local version:
+    name-version-BUILD-py-abi-platform.whl."""
     parts = upstream_filename[:-len(".whl")].split("-")
-    name, version, tags = parts[0], parts[1], parts[-3:]
-    return "-".join([name, version, build_tag, *tags]) + ".whl"
+    name, tags = parts[0], parts[-3:]
+    return "-".join([name, version or parts[1], build_tag, *tags]) + ".whl"
 
 
 def _wheel_text(text: str, build_tag: str) -> bytes:
@@ -338,9 +374,25 @@ def _wheel_text(text: str, build_tag: str) -> bytes:
     return ("\n".join(lines) + f"\nBuild: {build_tag}\n\n").encode()
 
 
+def local_version(release: str, target: str, digest: str) -> str:
+    """The patched wheel's version: the release's with a PEP 440 local label naming kvforge, the target and
+    the series digest (`0.20.2+kvforge.v0.20.2rc.3ade4a00e47759bf`): what pip freeze, pip show, lock files
+    and importlib.metadata show. Characters a local label cannot hold become '.'."""
+    label = re.sub(r"[^A-Za-z0-9.]+", ".", target).strip(".").lower()
+    return f"{release}+kvforge.{label}.{digest}" if label else f"{release}+kvforge.{digest}"
+
+
+def _metadata_text(text: str, version: str) -> bytes:
+    """METADATA with its Version: header set to `version` (nothing else changes)."""
+    head, sep, body = text.partition("\n\n")
+    lines = [f"Version: {version}" if ln.startswith("Version:") else ln for ln in head.split("\n")]
+    return ("\n".join(lines) + sep + body).encode()
+
+
 def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
-            identity: dict, build_tag: str, members=None) -> dict:
-    """Write the new wheel to `out_path`; return {"members", "copied", "written"}."""
+            identity: dict, build_tag: str, members=None, version: str | None = None) -> dict:
+    """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
+    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged."""
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
@@ -367,7 +419,19 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
             raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
     new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
     new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
+    meta_name = f"{info}/METADATA"
+    if version is not None and meta_name in by_name:
+        new[meta_name] = _metadata_text(read_member(upstream, by_name[meta_name]).decode("utf-8"), version)
     names = (present | set(new)) - remove
+    if version is not None:  # the dist-info directory is named after the version: every member moves
+        new_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
+        moved = {n: new_info + n[len(info):] for n in names if n.startswith(info + "/")}
+        for old_name, new_name in moved.items():
+            new[new_name] = new.pop(old_name) if old_name in new else read_member(upstream, by_name[old_name])
+            if old_name in by_name:  # its mode
+                by_name.setdefault(new_name, by_name[old_name])
+        names = (names - set(moved)) | set(moved.values())
+        info, record_name = new_info, f"{new_info}/RECORD"
     order = sorted(names, key=lambda n: wheel_sort_key(n, info)) + [record_name]
     rows = []
     for name in order[:-1]:
@@ -403,6 +467,7 @@ def _identity(ctx, stack, upstream_pin, changes: list[Change], build_tag: str) -
         "target": ctx.target.name,
         "component": ctx.component.name,
         "version": ctx.component.release.version,
+        "local_version": local_version(ctx.component.release.version, ctx.target.name, stack.digest),
         "build_tag": build_tag,
         "base": {"ref": stack.base.ref, "commit": stack.base.commit, "source": stack.base.source},
         "series": {"digest": stack.digest, "origin": "series" if stack.origin == "series" else "commits",
@@ -441,7 +506,8 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
     result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
     result.build_tag = build_tag_for(comp.wheel.filename, stack.digest)
-    result.filename = output_filename(comp.wheel.filename, result.build_tag)
+    result.local_version = local_version(comp.release.version, ctx.target.name, stack.digest)
+    result.filename = output_filename(comp.wheel.filename, result.build_tag, result.local_version)
     out = Path(out)
     repo = stack.base.repo
     changes = diff_paths(repo, stack.base.commit, patched)
@@ -516,9 +582,13 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     if wheel is None:
         if result.ok:
             final = out / result.filename
-            with open(built, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(built, final)  # the verified wheel gets its name in --out in one step
+            try:
+                with open(built, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(built, final)  # the verified wheel gets its name in --out in one step
+            except OSError as exc:
+                shutil.rmtree(built.parent, ignore_errors=True)
+                raise out_error(out, exc) from None
             result.wheel = str(final)
         shutil.rmtree(built.parent, ignore_errors=True)
     else:
@@ -528,6 +598,12 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
     result.report = str(report)
     return result
+
+
+def out_error(out: Path, exc: OSError) -> KvforgeError:
+    """A wheel that cannot be written to --out (full disk, quota, read-only, no permission): exit 5, one line."""
+    return KvforgeError(f"--out {out}: cannot write the wheel there ({exc.strerror or exc}); nothing was written",
+                        EXIT_ENV)
 
 
 def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
@@ -564,12 +640,21 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
         remove_stale(out, STALE_STAGE)
     stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
+    try:
+        stage.mkdir()
+    except OSError as exc:
+        raise out_error(out, exc) from None
     part = stage / result.filename
     prepare = time.monotonic() - t
     w0 = time.monotonic()
     try:
-        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members)
+        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members,
+                        result.local_version or None)
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
+            raise  # not a write to --out (reading the cached wheel): not the disk of --out
+        raise out_error(out, exc) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -693,6 +778,9 @@ def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, test
             v.problems.append(f"vllm imported from {v.probe['vllm_file']}, not from the installed wheel")
         if not v.probe["version_is_release"]:
             v.problems.append(f"vllm.__version__ {v.probe['version']} != the release {ctx.component.release.version}")
+        want = local_version(ctx.component.release.version, ctx.target.name, stack.digest)
+        if v.probe.get("metadata_version") != want and wheel.name.split("-")[1] == want:
+            v.problems.append(f"importlib.metadata says vllm {v.probe.get('metadata_version')}, the wheel {want}")
         ident = v.probe.get("identity") or {}
         if ident.get("series", {}).get("digest") != stack.digest or ident.get("base", {}).get("commit") != stack.base.commit:
             v.problems.append("the installed kvforge.json does not name this base and series")
@@ -861,7 +949,9 @@ def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_pa
         pin = ctx.component.wheel
         if pin is None:
             raise KvforgeError(f"{ctx.target.path}: no [components.wheel] pin", EXIT_USAGE)
-        name = output_filename(pin.filename, build_tag_for(pin.filename, open_stack(ctx).digest))
+        digest = open_stack(ctx).digest
+        name = output_filename(pin.filename, build_tag_for(pin.filename, digest),
+                               local_version(ctx.component.release.version, ctx.target.name, digest))
         wheel = wheel_path / name
         if not wheel.is_file():
             raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -91,11 +93,42 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except KvforgeError as exc:
             finish(exc, wants_json(kwargs))
-        except KeyboardInterrupt:
-            click.echo("kvforge: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            interrupted(exc)
 
     return wrapper
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a CI timeout, a closed terminal), raised where the process is, so every cleanup
+    that ends a child on KeyboardInterrupt (testrun's pytest process group, subprocess.run's child, the
+    transactions' rollbacks) runs before kvforge exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, _frame) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # a second one ends kvforge at once
+    raise Terminated(signum)
+
+
+def handle_signals() -> dict:
+    """SIGTERM and SIGHUP end kvforge like Ctrl-C does: its children are ended first (see Terminated).
+    Returns the handlers it replaced (run_cli puts them back: a caller such as a test process keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+def interrupted(exc: BaseException) -> NoReturn:
+    if isinstance(exc, Terminated):
+        click.echo(f"kvforge: terminated ({signal.Signals(exc.signum).name}); its child processes were ended",
+                   err=True)
+        sys.exit(128 + exc.signum)
+    click.echo("kvforge: interrupted", err=True)
+    sys.exit(130)
 
 
 def make_ctx(cache: Cache, target_name: str, component: str | None = None, **kw):
@@ -267,13 +300,23 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
 @click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
               help="Lint only these targets' series (repeatable) [default: all].")
 @click.option("--component", metavar="NAME", help="Lint only this component's series [default: every component].")
+@click.option("--selections", is_flag=True,
+              help="Also check that every test path of every platform selection (cpu, cuda, npu) exists in its "
+                   "base (materialises the bases into the cache).")
+@click.option("--collect", is_flag=True,
+              help="With --selections: also collect the cuda selections on CPU (pytest --collect-only) in the base "
+                   "and the patched tree; modules that do not import on CPU are checked by path, and said so.")
 @json_option
+@click.pass_obj
 @handle_errors
-def lint_cmd(target_names: tuple[str, ...], component: str | None, as_json: bool) -> None:
-    """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree."""
-    from . import components
+def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None, selections: bool, collect: bool,
+             as_json: bool) -> None:
+    """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree.
 
-    finish(components.lint_command(target_names, component), as_json)
+    With --selections, also every test selection against its base (exit 1 when a path is missing)."""
+    from . import selection
+
+    finish(selection.lint_command(cache, target_names, component, selections, collect, progress), as_json)
 
 
 @cli.command("status")
@@ -762,13 +805,21 @@ def run_cli(group: click.Group, args: list[str] | None, prog_name: str | None, *
     """Run the CLI; turn usage errors and bugs into one line and a documented exit code."""
     args = list(sys.argv[1:] if args is None else args)
     as_json = "--json" in args
+    previous = handle_signals()
+    try:
+        _run(group, args, prog_name, as_json, **extra)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(group: click.Group, args: list[str], prog_name: str | None, as_json: bool, **extra) -> NoReturn:
     try:
         code = click.Group.main(group, args=args, prog_name=prog_name or "kvforge", standalone_mode=False, **extra)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
-        click.echo("kvforge: interrupted", err=True)
-        sys.exit(130)
+    except click.Abort as exc:
+        interrupted(exc.__context__ if isinstance(exc.__context__, Terminated) else exc)
     except click.ClickException as exc:
         if as_json:
             click.echo(json_text({"error": exc.format_message(), "exit": EXIT_USAGE}))
@@ -778,9 +829,8 @@ def run_cli(group: click.Group, args: list[str] | None, prog_name: str | None, *
         finish(exc, as_json)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        click.echo("kvforge: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        interrupted(exc)
     except Exception as exc:
         where = crash_report(exc)
         msg = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]

@@ -63,6 +63,7 @@ CACHE_DIR = ".kvforge-cache"  # $KVFORGE_CACHE in CI, relative to the checkout
 INSTALL_KVFORGE = "python3 -m pip install -e ."
 # kvforge's own sources: a change there re-runs every target.
 TOOL_PATHS = ("kvforge/", "pyproject.toml")
+VLLM_STEPS_FILE = ".buildkite/test_areas/kvforge_{target}.yaml"  # where a vLLM fork keeps --format buildkite-vllm
 
 
 @dataclass
@@ -345,29 +346,51 @@ def buildkite_pipeline(m: Matrix) -> dict:
         if j.needs:
             step["depends_on"] = list(j.needs)
         if j.container:
-            step["plugins"] = [{"docker#v5.12.0": {"image": j.container, "propagate-environment": True}}]
+            plat = platforms_mod.get(j.platform)
+            docker: dict = {"image": j.container, "propagate-environment": True}
+            if plat.docker_devices:
+                docker["devices"] = list(plat.docker_devices)
+            if plat.docker_volumes:
+                docker["volumes"] = list(plat.docker_volumes)
+            step["plugins"] = [{"docker#v5.12.0": docker}]
         steps.append(step)
     return {"steps": steps}
 
 
 def vllm_steps(m: Matrix) -> dict:
-    """One .buildkite/test_areas file in vLLM's format, for a vLLM fork that carries one target's series."""
+    """One .buildkite/test_areas file in vLLM's format, for a vLLM fork that carries one target's series
+    (saved as VLLM_STEPS_FILE.format(target=...), which every step depends on too: a change to it alone
+    runs them). Only what vLLM's pipeline generator knows: its keys, its devices (cpu-small; no device:
+    its default GPU), its image steps. The CPU step runs `kvforge verify` (failures judged against the
+    base, as everywhere) from the kvforge project at $KVFORGE_PROJECT, with the fork's checkout as --from."""
     names = list(dict.fromkeys(j.target for j in m.jobs))
     if len(names) != 1:
         raise KvforgeError("--format buildkite-vllm describes the fork of one target's series: pass --target NAME "
                            f"(selected: {', '.join(names) or 'none'})", EXIT_USAGE)
+    own_file = VLLM_STEPS_FILE.format(target=slug(names[0]))
     steps = []
     for j in m.jobs:
         if j.kind not in platforms_mod.PLATFORMS or not j.selection or not j.shard.startswith("1/") or j.requires:
             continue  # one step per platform (vLLM's own generator shards); vLLM's tree only
         ci = platforms_mod.get(j.platform).ci
         paths = [s.removeprefix("tests/") for s in minimal(j.selection)]  # vLLM's steps run in tests/
-        step = {"label": f"kvforge {j.target} ({j.platform}): series Checks and selection",
-                "key": slug(f"kvforge-{j.target}-{j.component}-{j.platform}"),
-                "timeout_in_minutes": j.timeout_minutes, "device": ci.vllm_device,
-                "source_file_dependencies": j.source_files or [f"{_rel_series(j)}"],
-                "commands": ["pytest -v -s " + " ".join(shlex.quote(p) for p in paths)],
-                "soft_fail": ci.vllm_soft_fail}
+        if j.platform == "cpu":
+            commands = [f"git clone --depth 1 \"$$KVFORGE_PROJECT\" /tmp/kvforge",
+                        "python3 -m pip install -e /tmp/kvforge",
+                        f"cd /tmp/kvforge && kvforge verify --target {shlex.quote(j.target)} "
+                        f"--python \"$$(command -v python3)\" --repo \"$$BUILDKITE_BUILD_CHECKOUT_PATH\" "
+                        f"--from \"$$BUILDKITE_BUILD_CHECKOUT_PATH\""]
+        else:
+            commands = ["pytest -v -s " + " ".join(shlex.quote(p) for p in paths)]
+        step: dict = {"label": f"kvforge {j.target} ({j.platform}): series Checks and selection",
+                      "key": slug(f"kvforge-{j.target}-{j.component}-{j.platform}"),
+                      "timeout_in_minutes": j.timeout_minutes}
+        if ci.vllm_device:
+            step["device"] = ci.vllm_device
+        step["source_file_dependencies"] = [*(j.source_files or [_rel_series(j)]), own_file]
+        step["commands"] = commands
+        if ci.vllm_soft_fail:
+            step["soft_fail"] = True
         if ci.vllm_image:
             step["depends_on"] = [ci.vllm_image]
         if ci.vllm_num_devices is not None:

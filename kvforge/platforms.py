@@ -37,7 +37,7 @@ class CI:
     #              in a venv, kvforge build --wheel) | "tree" (the patched tree and `plugin` over it, kvforge test)
     timeout_minutes: int
     emoji: str  # the Buildkite label's prefix
-    vllm_device: str  # vLLM's own Buildkite (.buildkite/test_areas): its name for the device
+    vllm_device: str  # vLLM's own Buildkite (.buildkite/test_areas): its name for the device ("": its default GPU)
     vllm_image: str | None = None  # the image step vLLM's Buildkite builds for that device (depends_on)
     vllm_num_devices: int | None = None  # num_devices of vLLM's step (None: not set, the CPU)
     vllm_soft_fail: bool = False  # vLLM's step may fail without failing the build
@@ -76,6 +76,9 @@ class Platform:
     # component's tree are installed on this platform ({tree}, {version}: the required release).
     install_required: str | None = None
     install_component: str | None = None
+    # Buildkite (kvforge's own pipeline): what the docker plugin passes into the container for the device
+    docker_devices: tuple[str, ...] = ()
+    docker_volumes: tuple[str, ...] = ()
 
     @property
     def environ(self) -> dict[str, str]:
@@ -134,8 +137,9 @@ CUDA = Platform(
     install="VLLM_USE_PRECOMPILED=1 pip install -e . pytest tblib",
     runner_labels=(("github", ("self-hosted", "linux", "x64", "gpu")), ("buildkite", ("queue=gpu_1_queue",))),
     probe="cuda",
-    ci=CI(recipe="wheel", timeout_minutes=90, emoji=":nvidia:", vllm_device="l4", vllm_image="image-build",
-          vllm_num_devices=1),
+    # vLLM's Buildkite: a step without `device` runs on its default GPU agents (the L4 queue), as its own
+    # "V1 Spec Decode" step (.buildkite/test_areas/misc.yaml) does; "l4" is no device name it knows.
+    ci=CI(recipe="wheel", timeout_minutes=90, emoji=":nvidia:", vllm_device="", vllm_image="image-build"),
 )
 
 NPU = Platform(
@@ -160,15 +164,32 @@ NPU = Platform(
           vllm_soft_fail=True, plugin="vllm-ascend", plugin_repo="https://github.com/vllm-project/vllm-ascend.git",
           plugin_ref="releases/{target}",
           tree_setup=("VLLM_TARGET_DEVICE=empty python3 -m pip install -e {tree}",
+                      "python3 -m pip uninstall -y triton",
                       "git clone --depth 1 -b {ref} {plugin_repo} {plugin}",
                       "python3 -m pip install -r {plugin}/requirements-dev.txt",
+                      "python3 -m pip install --force-reinstall --no-deps triton-ascend==3.2.1",
                       "python3 -m pip install -e {plugin} pytest tblib")),
     container="swr.cn-southwest-2.myhuaweicloud.com/base_image/ascend-ci/cann:9.0.0-910b-ubuntu22.04-py3.11",
+    # vLLM's own NPU step (v0.20.2 .buildkite/hardware_tests/ascend_npu.yaml runs
+    # .buildkite/scripts/hardware_ci/run-npu-test.sh): its `docker run` passes the card, the Ascend device
+    # nodes and the host's driver, npu-smi and dcmi into the container.
+    docker_devices=("/dev/davinci0", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"),
+    docker_volumes=("/usr/local/dcmi:/usr/local/dcmi", "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+                    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
+                    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
+                    "/etc/ascend_install.info:/etc/ascend_install.info"),
     # vLLM without a device (vllm-ascend's CI does the same), at the release's exact version: a
     # VLLM_VERSION_OVERRIDE keeps it from being 0.20.2+empty, which vllm_version_is("0.20.2") rejects.
-    install_required="VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE={version} python3 -m pip install -e {tree}",
-    install_component="python3 -m pip install -r {tree}/requirements-dev.txt && python3 -m pip install -e {tree} "
-                      "pytest tblib",
+    # As vllm-ascend's releases/v0.20.2rc .github/workflows/_e2e_test.yaml does: vLLM from source without a
+    # device, then `pip uninstall -y triton` ("Install vllm-project/vllm from source"); vllm-ascend's
+    # requirements-dev.txt, triton-ascend reinstalled over what they pulled (--no-deps), then vllm-ascend
+    # itself, whose kernels build against CANN ("Install vllm-project/vllm-ascend"). The Ascend package index
+    # (PIP_EXTRA_INDEX_URL, its UV_EXTRA_INDEX_URL) is set by the job (ci/github/kvforge.yml).
+    install_required="VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE={version} python3 -m pip install -e {tree} "
+                     "&& python3 -m pip uninstall -y triton",
+    install_component="python3 -m pip install -r {tree}/requirements-dev.txt "
+                      "&& python3 -m pip install --force-reinstall --no-deps triton-ascend==3.2.1 "
+                      "&& python3 -m pip install -e {tree} pytest tblib",
 )
 
 PLATFORMS: dict[str, Platform] = {p.name: p for p in (CPU, CUDA, NPU)}

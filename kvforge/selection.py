@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
+import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -38,7 +40,11 @@ from typing import Iterable
 
 from . import evidence, gitutil
 from .env import target_env
-from .errors import EXIT_TESTS, KvforgeError
+from .components import lint_selected
+from .context import Context
+from .errors import EXIT_ENV, EXIT_LINT, EXIT_TESTS, KvforgeError
+from .outcome import Done
+from .targets import display_path, load_all, load_target
 from .testrun import run_properties, run_pytest
 from .trees import open_stack
 
@@ -383,3 +389,165 @@ def render_scan_report(report: ScanReport) -> str:
         lines.append("to add to [components.tests] cpu:")
         lines += [f'    "{m}",' for m in runs]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- kvforge lint --selections
+
+COLLECT_TIMEOUT = 600.0  # seconds per pytest --collect-only process
+_ERROR_HEADER = re.compile(r"^_+ ERROR collecting (?P<path>\S+) _+$")
+_NOT_FOUND = re.compile(r"(ModuleNotFoundError|ImportError): (?P<why>.*)")
+
+
+@dataclass
+class SelectionEntry:
+    """One selector of one platform selection, checked against the component's base (and, with
+    collection, collected on CPU in the base and the patched tree)."""
+
+    target: str
+    component: str
+    platform: str
+    selector: str
+    exists: bool
+    base: str  # the base commit it was checked against
+    collected: dict[str, int] = field(default_factory=dict)  # state ("base" | "patched") -> tests collected
+    by_path: str = ""  # collection was not possible on CPU: why (the entry is checked by path only)
+    partly: str = ""  # a directory that collects, some of whose modules do not import on CPU: why
+    problem: str = ""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def parse_collect_output(text: str, paths: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """`pytest --collect-only -q` output -> ({path: node ids under it}, {path: why it did not collect})."""
+    counts = {p: 0 for p in paths}
+    errors: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        m = _ERROR_HEADER.match(line.strip())
+        if m:
+            current = m.group("path")
+            errors[current] = "collection error"
+            continue
+        if current and line.startswith("E   ") and errors[current] == "collection error":
+            errors[current] = line[4:].strip()
+            continue
+        if "::" in line and not line.startswith(" "):
+            node = line.strip().split("::", 1)[0]
+            for p in paths:
+                if covered(node, [p]):
+                    counts[p] += 1
+    by_path = {}
+    for p in paths:
+        why = [w for e, w in errors.items() if covered(e, [p]) or covered(p, [e])]
+        if why:
+            by_path[p] = why[0]
+    return counts, by_path
+
+
+def collect_only(env, tree: Path, paths: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """pytest --collect-only of `paths` from the root of `tree` in `env` (one process, its own group)."""
+    cmd = [str(env.python), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--color=no",
+           "--rootdir", str(tree), "--continue-on-collection-errors", *paths]
+    try:
+        res = subprocess.run(cmd, cwd=tree, env=env.environ({}), capture_output=True, text=True, errors="replace",
+                             timeout=COLLECT_TIMEOUT, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        raise KvforgeError(f"pytest --collect-only in {tree} ran past {COLLECT_TIMEOUT:.0f}s", EXIT_TESTS) from None
+    except OSError as exc:
+        raise KvforgeError(f"{env.python}: cannot start the test environment's python: {exc.strerror}",
+                           EXIT_ENV) from None
+    return parse_collect_output(res.stdout + "\n" + res.stderr, paths)
+
+
+def check_selections(ctx, collect: bool = False, platforms: Iterable[str] = ("cpu", "cuda", "npu"),
+                     collect_platforms: Iterable[str] = ("cuda",)) -> list[SelectionEntry]:
+    """Every selector of ctx's component's platform selections exists in its base (a file or a
+    directory); with `collect`, the selections of `collect_platforms` are collected on CPU
+    (`pytest --collect-only`) in the base and the patched tree. A module that does not import on CPU
+    (a package only a GPU image has) is checked by path and says why; a module that collects on
+    the base but not on the patched tree is a problem (the series broke it)."""
+    comp = ctx.component
+    base = ctx.base()
+    out: list[SelectionEntry] = []
+    for plat in platforms:
+        for sel in comp.tests.get(plat, ()):
+            path = sel.split("::", 1)[0].rstrip("/")
+            ok = gitutil.run(base.repo, "cat-file", "-e", f"{base.commit}:{path}", check=False).returncode == 0
+            e = SelectionEntry(ctx.target.name, comp.name, plat, sel, ok, base.commit)
+            if not ok:
+                e.problem = (f"{display_path(ctx.target.path)}: [components.tests] {plat} of {comp.name}: {sel} "
+                             f"does not exist in its base ({comp.release.package} {base.ref}, {base.commit[:12]})")
+            out.append(e)
+    wanted = [e for e in out if e.exists and e.platform in set(collect_platforms)]
+    if not (collect and wanted):
+        return out
+    if comp.requires:  # its tree runs on another component's (vllm-ascend): collected only where it is installed
+        for e in wanted:
+            e.by_path = f"built on {comp.requires}: collected on its own runner only"
+        return out
+    stack = open_stack(ctx)
+    env = target_env(ctx, base=stack.base)
+    env.check()
+    paths = list(dict.fromkeys(e.selector.split("::", 1)[0].rstrip("/") for e in wanted))
+    results = {}
+    with stack.lock(ctx.progress):
+        for state, n in (("base", 0), ("patched", stack.size)):
+            commit = stack.checkout(n)
+            ctx.say(f"collecting {len(paths)} {'/'.join(collect_platforms)} selectors of {ctx.target.name}/{comp.name} "
+                    f"on CPU in the {state} tree ({commit[:12]})")
+            results[state] = collect_only(env, stack.worktree, paths)
+    for e in wanted:
+        p = e.selector.split("::", 1)[0].rstrip("/")
+        (bc, bwhy), (pc, pwhy) = results["base"], results["patched"]
+        e.collected = {"base": bc[p], "patched": pc[p]}
+        if pwhy.get(p) and not bwhy.get(p):
+            e.problem = (f"{display_path(ctx.target.path)}: {e.platform} selector {e.selector} collects on the base "
+                         f"but not on the patched tree: {pwhy[p]}")
+        elif (pwhy.get(p) or bwhy.get(p)) and not (bc[p] and pc[p]):
+            e.by_path = f"does not import on CPU ({pwhy.get(p) or bwhy.get(p)}): checked by path"
+        elif pwhy.get(p) or bwhy.get(p):
+            e.partly = f"some modules do not import on CPU ({pwhy.get(p) or bwhy.get(p)})"
+        elif bc[p] and not pc[p]:
+            e.problem = f"{display_path(ctx.target.path)}: {e.platform} selector {e.selector}: no test left after the series"
+        elif not bc[p]:
+            e.problem = f"{display_path(ctx.target.path)}: {e.platform} selector {e.selector} collects no test on the base"
+    return out
+
+
+def lint_command(cache, target_names=(), component: str | None = None, selections: bool = False,
+                 collect: bool = False, progress=None) -> Done:
+    """`kvforge lint`: every series (components.lint_selected); with `selections`, every platform
+    selection's selectors exist in their base; with `collect`, the cuda selections also collect on CPU
+    in the base and patched trees (modules that do not import on CPU: by path, said so). Exit 1 on a
+    problem."""
+    checked, nseries, problems = lint_selected(target_names, component)
+    lines = [str(p) for p in problems]
+    data: dict = {"patches": checked, "problems": [{"file": str(p.path), "line": p.line, "message": p.message}
+                                                   for p in problems]}
+    entries: list[SelectionEntry] = []
+    if selections or collect:
+        targets = [load_target(n) for n in target_names] if target_names else load_all()
+        for t in targets:
+            for c in t.components:
+                if component is None or c.name == component:
+                    ctx = Context.load(cache, t.name, c.name, progress=progress)
+                    entries += check_selections(ctx, collect)
+        data["selections"] = [e.to_json() for e in entries]
+        for e in entries:
+            if e.problem:
+                lines.append(e.problem)
+                data["problems"].append({"file": display_path(load_target(e.target).path), "line": None,
+                                         "message": e.problem})
+    nproblems = len(lines)
+    summary = f"{checked} patches in {nseries} series" + (
+        f", {len(entries)} selectors ({sum(bool(e.collected) for e in entries)} collected on CPU, "
+        f"{sum(bool(e.by_path) for e in entries)} by path only)" if entries else "") + ": " + (
+        f"{nproblems} problem{'s' if nproblems > 1 else ''}" if nproblems else "clean")
+    detail = [f"{e.target}/{e.component} {e.platform} {e.selector}: "
+              + (f"collected base {e.collected['base']}, patched {e.collected['patched']}"
+                 + (f"; {e.partly}" if e.partly else "") if e.collected and not e.by_path
+                 else e.by_path or "exists") for e in entries if not e.problem and (collect or not e.exists)]
+    if lines:
+        return Done(data, "\n".join(lines), EXIT_LINT, aside=summary)
+    return Done(data, "\n".join([*detail, summary]))

@@ -155,7 +155,8 @@ def overlay_once(project, cache, out: Path):
     kbuild.classify(changes, {m.name for m in read_members(upstream)}, lambda *_: None)
     res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2")
     res.build_tag = kbuild.build_tag_for(ctx.component.wheel.filename, stack.digest)
-    res.filename = kbuild.output_filename(ctx.component.wheel.filename, res.build_tag)
+    res.local_version = kbuild.local_version("0.20.2", "t", stack.digest)
+    res.filename = kbuild.output_filename(ctx.component.wheel.filename, res.build_tag, res.local_version)
     built, _ = kbuild.write_overlay(ctx, stack, upstream, out, changes, {"base": stack.base.commit,
                                                                         "patched": patched}, res)
     return built, stack, changes, res
@@ -255,18 +256,23 @@ def test_overlay_replaces_adds_keeps_the_rest_and_records_identity(overlaid):
     actions = {c.path: c.action for c in changes}
     assert actions == {UTILS: "replace", "vllm/v1/core/kvforge_marker.py": "add",
                        "tests/v1/core/test_kvforge_marker.py": "not packaged"}
-    assert built.name == f"vllm-0.20.2-1_kvforge_{stack.digest}-cp38-abi3-linux_x86_64.whl"
+    local = f"0.20.2+kvforge.t.{stack.digest}"
+    assert built.name == f"vllm-{local}-1_kvforge_{stack.digest}-cp38-abi3-linux_x86_64.whl"
     from packaging.utils import parse_wheel_filename
 
     _name, version, build_tag, tags = parse_wheel_filename(built.name)
-    assert (str(version), build_tag) == ("0.20.2", (1, f"_kvforge_{stack.digest}"))  # the release's own version
+    assert (str(version), build_tag) == (local, (1, f"_kvforge_{stack.digest}"))  # the release + a local label
     assert {str(t) for t in tags} == {"cp38-abi3-linux_x86_64"}
     up, new = {m.name: m for m in read_members(src)}, {m.name: m for m in read_members(built)}
-    info = "vllm-0.20.2.dist-info"
+    info = f"vllm-{local}.dist-info"
+    assert not any(n.startswith("vllm-0.20.2.dist-info/") for n in new)
     # Untouched members: the same stored bytes (the .so is not recompressed), same mode.
-    for n in ("vllm/_C.abi3.so", "vllm/_version.py", "vllm/__init__.py", f"{info}/METADATA"):
+    for n in ("vllm/_C.abi3.so", "vllm/_version.py", "vllm/__init__.py"):
         assert (new[n].crc, new[n].compress_size, new[n].external_attr) == (up[n].crc, up[n].compress_size,
                                                                             up[n].external_attr)
+    meta = read_member(built, new[f"{info}/METADATA"]).decode()
+    assert f"Version: {local}\n" in meta and meta.replace(local, "0.20.2") == \
+        read_member(src, up["vllm-0.20.2.dist-info/METADATA"]).decode()
     patched = git(base.repo, "show", f"{stack.commits[-1]}:{UTILS}").encode()
     assert read_member(built, new[UTILS]) == patched and "# kvforge" in patched.decode()
     assert read_member(built, new["vllm/v1/core/kvforge_marker.py"]) == b'MARKER = "patched"\n'
@@ -274,6 +280,7 @@ def test_overlay_replaces_adds_keeps_the_rest_and_records_identity(overlaid):
     assert f"Build: 1_kvforge_{stack.digest}" in wheel_txt and "Tag: cp38-abi3-linux_x86_64" in wheel_txt
     ident = json.loads(read_member(built, new[f"{info}/kvforge.json"]))
     assert ident["target"] == "t" and ident["version"] == "0.20.2" and ident["fix_ids"] == ["mark-queue"]
+    assert ident["local_version"] == local
     assert ident["base"]["commit"] == base.commit and ident["series"]["digest"] == stack.digest
     assert ident["files"] == {"replace": [UTILS], "add": ["vllm/v1/core/kvforge_marker.py"], "remove": []}
     # RECORD: every file, with its sha256 and size; sorted, dist-info last, RECORD last.
@@ -438,11 +445,37 @@ def test_the_built_wheel_passes_vllm_ascends_own_version_check(overlaid, tmp_pat
     out = subprocess.run([sys.executable, "-c", CALL_ASCEND, ascend_version_is], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path, check=True).stdout.split()
     assert out == [str(site / "vllm" / "__init__.py"), "True"]
-    # Why the version carries no local suffix: vllm-ascend's check fails for it.
+    # Why vllm.__version__ (vllm/_version.py, a package file) keeps the release's version while the
+    # distribution's metadata carries kvforge's local label: vllm-ascend's check fails for a local version.
     (site / "vllm" / "_version.py").write_text("__version__ = '0.20.2+kvforge.abc'\n__version_tuple__ = ()\n")
     out = subprocess.run([sys.executable, "-c", CALL_ASCEND, ascend_version_is], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path, check=True).stdout.split()
     assert out[-1] == "False"
+
+
+def test_an_installed_patched_wheel_shows_its_series_in_pip_freeze_pip_show_and_metadata(overlaid, tmp_path):
+    """Provenance that survives install: pip freeze, pip show and importlib.metadata name kvforge, the target
+    and the series digest (a build tag alone shows nowhere: `vllm==0.20.2`); vllm.__version__ stays the
+    release's, so vllm-ascend's exact check holds without its VLLM_VERSION override."""
+    built, stack = overlaid["built"], overlaid["stack"]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    local = f"0.20.2+kvforge.t.{stack.digest}"
+    # From an index (here a directory as one: --find-links), as a deployment installs it
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+                    "--find-links", str(built.parent), "--target", str(site), f"vllm=={local}"], check=True)
+    freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--path", str(site)], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert f"vllm=={local}" in freeze
+    show = subprocess.run([sys.executable, "-m", "pip", "show", "vllm"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path).stdout
+    assert f"Version: {local}" in show.splitlines()
+    code = ("import importlib.metadata as md, json, vllm; d = md.distribution('vllm'); "
+            "print(d.version, vllm.__version__, json.loads(d.read_text('kvforge.json'))['series']['digest'])")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.split()
+    assert out == [local, "0.20.2", stack.digest]
 
 
 # ---------------------------------------------------------------- end to end (slow)
@@ -533,3 +566,52 @@ def test_cuda_verification_without_a_gpu_is_not_run(project, base_v0202, tmp_pat
                                     "--python", sys.executable, "--json"])
     assert res.exit_code == 7, res.output  # this python has no CUDA torch: nothing ran, nothing passed
     assert "not run" in json.loads(res.stdout)["error"]
+
+
+def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, tmp_path):
+    """--out on a file system that cannot take the wheel (here: the file size limit the kernel enforces,
+    EFBIG, as a full disk gives ENOSPC): exit 5, one line naming --out, nothing left in --out."""
+    import resource
+
+    from kvforge.context import Context
+    from kvforge.trees import open_stack
+
+    cache, base = base_v0202
+    files = base_files(base)
+    block, big = b"kvforge", []
+    for _ in range(3 * 1024 * 1024 // 32):  # 3 MB that do not compress
+        block = hashlib.sha256(block).digest()
+        big.append(block)
+    files["vllm/_C.abi3.so"] = b"".join(big)
+    pin_wheel(project, cache, make_wheel(tmp_path / WHEEL_NAME, files))
+    marker_series(project, base)
+    open_stack(Context.load(cache, "t"))  # the stack is built before the limit applies: only --out is limited
+    out = tmp_path / "dist"
+    limit = 1024 * 1024
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    res = subprocess.run([sys.executable, "-c", "from kvforge.cli import main; main()", "build", "--target", "t",
+                          "--out", str(out)], capture_output=True, text=True, preexec_fn=small_disk, timeout=600)
+    assert res.returncode == 5, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"kvforge: error: --out {out}: cannot write the wheel there (File too large)"), lines
+    assert "Traceback" not in res.stderr
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_list():
+    """PyPI's real file lists: vLLM 0.20.2 (manylinux_2_35), 0.21.0 (manylinux_2_24, re-released as build 1
+    beside the first upload) and 0.22.0 (manylinux_2_28): one pin per architecture, never by the previous
+    release's file name."""
+    got = {v: kbuild.choose_wheels("vllm", v) for v in ("0.20.2", "0.21.0", "0.22.0")}
+    assert {v: sorted(p) for v, p in got.items()} == {v: ["aarch64", "x86_64"] for v in got}
+    assert got["0.20.2"]["x86_64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
+    assert got["0.20.2"]["x86_64"].sha256 == "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"
+    assert got["0.20.2"]["aarch64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl"
+    assert got["0.21.0"]["x86_64"].filename == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"
+    assert got["0.21.0"]["aarch64"].filename == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_aarch64.whl"
+    assert all("manylinux_2_28" in p.filename for p in got["0.22.0"].values())
+    assert all(len(p.sha256) == 64 for v in got.values() for p in v.values())

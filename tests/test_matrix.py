@@ -240,34 +240,47 @@ def test_buildkite_pipeline_passes_buildkites_schema(proj, tmp_path):
 
 
 def test_vllm_format_uses_vllms_own_step_keys(proj):
-    """Steps for a vLLM fork: only keys and devices vLLM 0.33.0's own .buildkite/test_areas steps use."""
+    """Steps for a vLLM fork: only keys and devices the .buildkite steps of vLLM 0.20.2 AND 0.33.0 use
+    (a fork of either); the CPU step judges against the base (kvforge verify), a CI-file-only change runs it."""
     import tarfile
 
     from kvforge.bases import download_sdist
     from kvforge.cache import Cache
     from kvforge.targets import load_target
 
-    comp = load_target("main", REPO).component()  # the newest release: the format vLLM's CI uses now
-    sdist = download_sdist(comp, Cache(USER_CACHE), print)
     y = yaml()
-    theirs, devices = set(), set()
-    with tarfile.open(sdist) as tar:
-        for member in tar:
-            if "/.buildkite/test_areas/" in member.name and member.name.endswith(".yaml"):
-                doc = y.load(tar.extractfile(member).read().decode())
-                for step in (doc or {}).get("steps") or []:
-                    theirs |= set(step)
-                    devices.add(step.get("device"))
+    keys, devices = [], []
+    for name in ("v0.20.2rc", "main"):
+        sdist = download_sdist(load_target(name, REPO).component(), Cache(USER_CACHE), print)
+        theirs, known = set(), set()
+        with tarfile.open(sdist) as tar:
+            for member in tar:
+                if "/.buildkite/" in member.name and member.name.endswith(".yaml") and (
+                        "/test_areas/" in member.name or "/hardware_tests/" in member.name):
+                    doc = y.load(tar.extractfile(member).read().decode())
+                    for step in (doc or {}).get("steps") or []:
+                        theirs |= set(step)
+                        known.add(step.get("device"))  # None: vLLM's default GPU agents
+        keys.append(theirs)
+        devices.append(known)
+    theirs, known = keys[0] & keys[1], devices[0] & devices[1]
     assert {"label", "key", "device", "source_file_dependencies", "commands"} <= theirs
+    # 0.20.2 knows no "l4"; 0.33.0 disabled its Ascend step (hardware_tests/ascend_npu.yaml: steps: []), so
+    # ascend_npu is judged against 0.20.2, the release vllm-ascend's branches build on
+    assert "l4" not in devices[0] and None in known and "cpu-small" in known and "ascend_npu" in devices[0]
     matrix("--format", "buildkite-vllm", code=2)  # one fork, one target
     ours = y.load(matrix("--format", "buildkite-vllm", "--target", "a").stdout)
     assert set(ours) == {"group", "depends_on", "steps"}
-    assert [s["device"] for s in ours["steps"]] == ["cpu-small", "l4", "ascend_npu"]
+    assert [s.get("device") for s in ours["steps"]] == ["cpu-small", None, "ascend_npu"]
     for step in ours["steps"]:
         assert set(step) <= theirs, set(step) - theirs
+        assert step.get("device") in (known | {"ascend_npu"})
         assert "vllm/v1/core/kv_cache_coordinator.py" in step["source_file_dependencies"]
-        assert step["commands"][0].startswith("pytest -v -s v1/core/test_kv_cache_utils.py")
-    assert {"cpu-small", "l4"} <= devices
+        assert ".buildkite/test_areas/kvforge_a.yaml" in step["source_file_dependencies"]
+    cpu, cuda, npu = ours["steps"]
+    assert "kvforge verify --target a" in cpu["commands"][-1] and "--from" in cpu["commands"][-1]
+    assert cuda["commands"][0].startswith("pytest -v -s v1/core/test_kv_cache_utils.py")
+    assert npu["soft_fail"] is True
 
 
 # ---------------------------------------------------------------- the CPU job, run for real
@@ -331,9 +344,12 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     assert npu["container"] == PLATFORMS["npu"].container and "cann:9.0.0-910b" in npu["container"]
     assert npu["setup"][1:] == [
         "kvforge apply --target c",
-        "VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.20.2 python3 -m pip install -e vllm-c",
-        "python3 -m pip install -r vllm-ascend-c/requirements-dev.txt && python3 -m pip install -e vllm-ascend-c "
-        "pytest tblib"]
+        # vllm-ascend's releases/v0.20.2rc .github/workflows/_e2e_test.yaml: triton out, triton-ascend in
+        "VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.20.2 python3 -m pip install -e vllm-c "
+        "&& python3 -m pip uninstall -y triton",
+        "python3 -m pip install -r vllm-ascend-c/requirements-dev.txt "
+        "&& python3 -m pip install --force-reinstall --no-deps triton-ascend==3.2.1 "
+        "&& python3 -m pip install -e vllm-ascend-c pytest tblib"]
     assert npu["command"] == ("cd vllm-ascend-c && python3 -m pytest -o junit_family=xunit2 "
                               "--junitxml=kvforge-c-vllm-ascend-npu.xml tests/ut")
     assert npu["junit"] == ["vllm-ascend-c/kvforge-c-vllm-ascend-npu.xml"]
@@ -355,6 +371,12 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     assert res.returncode == 0, res.stdout + res.stderr
     pipe = tmp_path / "pipeline.yml"
     pipe.write_text(matrix("--format", "buildkite", "--target", "c").stdout)
+    # The NPU step's container gets what vLLM's run-npu-test.sh passes to docker run: the card, the Ascend
+    # device nodes, the host's driver and tools.
+    step = next(st for st in y.load(pipe.read_text())["steps"] if st["key"] == "npu-c-vllm-ascend")
+    docker = step["plugins"][0]["docker#v5.12.0"]
+    assert {"/dev/davinci0", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"} <= set(docker["devices"])
+    assert any(v.startswith("/usr/local/Ascend/driver/lib64/") for v in docker["volumes"])
     res = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.buildkite", str(pipe)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -315,3 +315,98 @@ def test_each_targets_cpu_selection_covers_every_module_its_series_can_break(nam
     assert [s for s in cpu if s.split("::", 1)[0] not in present] == []
     # ...and an entry of NOT_ON_CPU that the scan no longer finds is stale.
     assert sorted(set(NOT_ON_CPU[name]) - {h.module for h in hits}) == []
+
+
+# ---------------------------------------------------------------- kvforge lint --selections [--collect]
+
+def private_cache(tmp_path: Path) -> Path:
+    """A cache of this test's own (bases, stacks, worktrees), sharing the user cache's downloads and test
+    environments (sha256-checked, keyed by content), so no other kvforge run's worktree lock is waited for."""
+    from kvforge.cache import default_cache_dir
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("downloads", "envs"):
+        (default_cache_dir() / name).mkdir(parents=True, exist_ok=True)
+        (cache / name).symlink_to(default_cache_dir() / name, target_is_directory=True)
+    return cache
+
+
+@pytest.mark.slow
+def test_every_selection_path_of_every_target_exists_in_its_base(tmp_path, monkeypatch):
+    """Every cpu, cuda and npu selector of every target and component is a file or directory of its base
+    (the real release trees: vLLM 0.20.1, 0.20.2, 0.33.0, vllm-ascend 0.20.2rc1)."""
+    from kvforge.targets import load_all
+
+    monkeypatch.setenv("KVFORGE_ROOT", str(REPO_ROOT))
+    monkeypatch.delenv("KVFORGE_OFFLINE", raising=False)
+    res = CliRunner().invoke(main, ["--cache-dir", str(private_cache(tmp_path)), "lint", "--selections", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    want = {(t.name, c.name, p, s) for t in load_all(REPO_ROOT) for c in t.components
+            for p, sel in c.tests.items() for s in sel}
+    got = {(e["target"], e["component"], e["platform"], e["selector"]) for e in doc["selections"]}
+    assert got == want and len(want) > 80
+    assert all(e["exists"] for e in doc["selections"]) and doc["problems"] == []
+    assert {s for (_t, _c, p, s) in want if p == "cuda"} >= {"tests/v1/e2e/spec_decode/test_spec_decode.py",
+                                                            "tests/v1/e2e/spec_decode/eagle/test_eagle_correctness.py"}
+
+
+def test_a_selection_path_the_base_lacks_is_a_lint_problem(project):
+    """The cuda path every target named before (tests/v1/e2e/test_spec_decode.py, in no release): exit 1,
+    the target file and the base named."""
+    text = (project / "targets" / "t.toml").read_text()
+    assert "[components.tests]" in text
+    text = text.replace("[components.tests]\n", '[components.tests]\ncuda = ["tests/v1/core", '
+                                                '"tests/v1/e2e/test_spec_decode.py"]\n', 1)
+    (project / "targets" / "t.toml").write_text(text)
+    assert CliRunner().invoke(main, ["lint"]).exit_code == 0  # without --selections: the series only
+    res = CliRunner().invoke(main, ["lint", "--selections", "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    bad = [e for e in doc["selections"] if not e["exists"]]
+    assert [e["selector"] for e in bad] == ["tests/v1/e2e/test_spec_decode.py"]
+    assert "targets/t.toml" in bad[0]["problem"] and "does not exist in its base" in bad[0]["problem"]
+    assert "vllm v0.20.2" in bad[0]["problem"]
+    assert any("test_spec_decode.py" in p["message"] for p in doc["problems"])
+
+
+def test_collect_output_is_read_per_selector():
+    from kvforge.selection import parse_collect_output
+
+    out = """tests/v1/core/test_a.py::test_one
+tests/v1/core/test_a.py::test_two[x]
+tests/v1/core/sub/test_b.py::test_three
+
+==================================== ERRORS ====================================
+__________ ERROR collecting tests/v1/e2e/spec_decode/test_spec_decode.py __________
+tests/utils.py:26: in <module>
+    import anthropic
+E   ModuleNotFoundError: No module named 'anthropic'
+3 tests collected, 1 error in 3.92s
+"""
+    counts, why = parse_collect_output(out, ["tests/v1/core", "tests/v1/e2e/spec_decode/test_spec_decode.py",
+                                             "tests/v1/core/sub"])
+    assert counts == {"tests/v1/core": 3, "tests/v1/e2e/spec_decode/test_spec_decode.py": 0, "tests/v1/core/sub": 1}
+    assert why == {"tests/v1/e2e/spec_decode/test_spec_decode.py": "ModuleNotFoundError: No module named 'anthropic'"}
+
+
+@pytest.mark.slow
+def test_cuda_selection_collects_on_cpu_in_base_and_patched_trees(tmp_path, monkeypatch):
+    """v0.20.2rc's cuda selection, collected with pytest --collect-only in the target's CPU env on the base and
+    the patched tree: the KV-cache manager tests collect (more after the series: its Checks); vLLM's e2e
+    modules, which import tests/utils.py (anthropic, only in vLLM's GPU test image), are checked by path
+    and say why."""
+    monkeypatch.setenv("KVFORGE_ROOT", str(REPO_ROOT))
+    monkeypatch.delenv("KVFORGE_OFFLINE", raising=False)
+    monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
+    res = CliRunner().invoke(main, ["--cache-dir", str(private_cache(tmp_path)), "lint", "-t", "v0.20.2rc",
+                                    "--component", "vllm", "--selections", "--collect", "--json"])
+    assert res.exit_code == 0, res.output
+    cuda = {e["selector"]: e for e in json.loads(res.stdout)["selections"] if e["platform"] == "cuda"}
+    core = cuda["tests/v1/core"]
+    assert core["collected"]["base"] > 200 and core["collected"]["patched"] > core["collected"]["base"]
+    assert not core["by_path"] and not core["problem"]
+    e2e = [e for s, e in cuda.items() if s.startswith("tests/v1/e2e/")]
+    assert len(e2e) == 3 and all(e["exists"] and "checked by path" in e["by_path"] for e in e2e)
+    assert all("No module named" in e["by_path"] for e in e2e)
