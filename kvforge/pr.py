@@ -33,9 +33,11 @@ and sets the exit code. Rules:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import traceback
@@ -45,12 +47,11 @@ from pathlib import Path
 
 from jinja2 import (BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound,
                     TemplateSyntaxError)
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, SecurityError
 from packaging.version import InvalidVersion, Version
 
 from . import evidence, gitutil
 from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from .fsutil import atomic_write_text
 from .outcome import Done
 from .series import read_series
 from .targets import load_all, project_root
@@ -151,9 +152,36 @@ class Text:
 
 # ---------------------------------------------------------------- templates
 
+# What a template may produce and build (the sandbox's limits): a PR body is a few KB; these stop a
+# template that would exhaust memory or loop on output before it does.
+MAX_OUTPUT = 1 << 20  # characters of rendered text
+MAX_VALUE = 1 << 20  # items or characters of one value a `*` builds; digits of a `**` result
+
+
+class LimitedSandbox(SandboxedEnvironment):
+    """jinja2's sandbox with `*` and `**` checked before they run: `'x' * 10**10` and `10**10**10`
+    fail as template errors instead of allocating gigabytes or spinning."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and not isinstance(times, bool):
+                    if len(seq) * max(times, 0) > MAX_VALUE:
+                        raise SecurityError(f"the result of * would have {len(seq) * times} items "
+                                            f"(the sandbox allows {MAX_VALUE})")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            digits = right * math.log10(max(abs(left), 2))
+            if digits > MAX_VALUE:
+                raise SecurityError(f"the result of ** would have about {digits:.3g} digits "
+                                    f"(the sandbox allows {MAX_VALUE})")
+        return super().call_binop(context, operator, left, right)
+
+
 def _env(user_template: Path | None = None):
-    """The one jinja2 environment: sandboxed, StrictUndefined, loads only kvforge's templates (and
-    the user's one file)."""
+    """The one jinja2 environment: sandboxed (with size limits), StrictUndefined, loads only
+    kvforge's templates (and the user's one file)."""
 
     class OneFile(BaseLoader):
         def __init__(self, path: Path, text: str):
@@ -172,8 +200,8 @@ def _env(user_template: Path | None = None):
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise KvforgeError(f"--template {user_template}: cannot read: {why}", EXIT_USAGE) from None
         loaders.insert(0, OneFile(Path(user_template), text))
-    env = SandboxedEnvironment(loader=ChoiceLoader(loaders), undefined=StrictUndefined, autoescape=False,
-                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = LimitedSandbox(loader=ChoiceLoader(loaders), undefined=StrictUndefined, autoescape=False,
+                         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(pct=pct, short=lambda c: (c or "")[:12], cell=md_cell, first_line=first_line)
     return env
 
@@ -181,18 +209,29 @@ def _env(user_template: Path | None = None):
 def render_template(name: str, data: dict, user_template: Path | None = None) -> tuple[str, str | None]:
     """Render a template with `data`: (text, the title it sets with `{% set title = ... %}`, if any).
 
-    Any template problem is one line naming the template file and line (EXIT_USAGE)."""
+    Any template problem, at parse time or while rendering (an undefined name, `1/0`, `1+'a'`, a
+    recursive macro, a value or an output over the sandbox's limits), is one line
+    `template FILE:LINE: message` (EXIT_USAGE); nothing of a failed render is returned."""
 
     env = _env(user_template)
     label = str(user_template) if user_template is not None else name
     try:
         tmpl = env.get_template(str(user_template) if user_template is not None else name)
+        context = tmpl.new_context(data)
+        chunks: list[str] = []
+        size = 0
+        chunks_of = tmpl.root_render_func(context)
         try:
-            module = tmpl.make_module(data)
+            for chunk in chunks_of:
+                size += len(chunk)
+                if size > MAX_OUTPUT:  # thrown in at the template's own line, so the error names it
+                    chunks_of.throw(SecurityError(f"the rendered text is over {MAX_OUTPUT} characters "
+                                                  "(the sandbox's limit)"))
+                chunks.append(chunk)
         except Exception:
             env.handle_exception()  # re-raises with the traceback mapped to template lines
-        text = str(module)
-        title = getattr(module, "title", None)
+        text = "".join(chunks)
+        title = context.get_exported().get("title")
     except TemplateSyntaxError as exc:
         where = f"{exc.filename or exc.name or label}:{exc.lineno}"
         raise KvforgeError(f"template {where}: {exc.message}", EXIT_USAGE) from None
@@ -202,6 +241,14 @@ def render_template(name: str, data: dict, user_template: Path | None = None) ->
     except TemplateError as exc:
         what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise KvforgeError(f"template {_where(exc, label)}: {what}", EXIT_USAGE) from None
+    except RecursionError as exc:
+        raise KvforgeError(f"template {_where(exc, label)}: recursion too deep (a macro or include that calls "
+                           "itself without end)", EXIT_USAGE) from None
+    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError, MemoryError) as exc:
+        # A Python error raised by an expression of the template (1/0, 1 + 'a', int('x'), ...).
+        what = str(exc).splitlines()[0] if str(exc) else ""
+        raise KvforgeError(f"template {_where(exc, label)}: {type(exc).__name__}"
+                           + (f": {what}" if what else ""), EXIT_USAGE) from None
     return text, (str(title) if title is not None else None)
 
 
@@ -879,13 +926,37 @@ def open_pr(pr: Text, gh: str) -> str:
     return res.stdout.strip()
 
 
+def write_out(path: Path, text: str) -> None:
+    """Write --out atomically (a temporary file renamed over it). An existing file keeps its
+    permission bits (a 0644 file stays 0644, not the temporary file's 0600); a new one gets the
+    mode the umask allows, as `>` in a shell would. A symlink is followed: its target is replaced."""
+    path = Path(os.path.realpath(path))
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def publish(result: Text, out: Path | None, gh: str | None = None) -> Done:
     """How `kvforge pr` and `kvforge notes` end: the text on stdout or written to --out (atomically),
     handed to gh when asked (its URL printed); the evidence warnings on stderr, also when this fails."""
     try:
         if out is not None:
             try:
-                atomic_write_text(out, result.text)
+                write_out(out, result.text)
             except OSError as exc:
                 raise KvforgeError(f"--out {out}: cannot write: {exc.strerror or exc}", EXIT_ENV) from None
         url = open_pr(result, gh) if gh else None

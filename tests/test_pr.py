@@ -471,6 +471,48 @@ def test_user_template_cannot_reach_python_internals_or_files(series, tmp_path, 
     assert res.stdout == "" and "root:" not in res.stderr and "<class" not in res.stderr
 
 
+@pytest.mark.parametrize("body,why", [
+    ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+    ("{{ 1 + 'a' }}", "TypeError: unsupported operand"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion too deep"),
+    ("{{ 'x' * 10**10 }}", "the result of * would have 10000000000 items"),
+    ("{{ [1] * 10**10 }}", "the result of * would have 10000000000 items"),
+    ("{{ 10 ** (10 ** 10) }}", "the result of ** would have about 1e+10 digits"),
+    ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "the rendered text is over 1048576 characters"),
+])
+def test_user_template_runtime_errors_are_one_line_file_and_line(series, tmp_path, body, why):
+    """Errors raised while rendering (not only at parse time) are `template FILE:LINE: message`,
+    exit 2, like a syntax error; the sandbox stops a value or an output too big before it is made."""
+    tpl = tmp_path / "runtime.md.j2"
+    tpl.write_text("first line\n" + body + "\n")
+    out = tmp_path / "out.md"
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--template", str(tpl), "--out", str(out))
+    assert res.exit_code == 2, res.output
+    assert errline(res).startswith(f"kvforge: error: template {tpl}:2: ") and why in errline(res), errline(res)
+    assert "Traceback" not in res.output and not out.exists()
+    assert sum(ln.startswith("kvforge: error:") for ln in res.stderr.splitlines()) == 1
+
+
+def test_out_over_an_existing_file_keeps_its_mode(series, tmp_path):
+    out = tmp_path / "pr.md"
+    out.write_text("old\n")
+    out.chmod(0o644)
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.read_text().startswith("[Bugfix]") and (out.stat().st_mode & 0o777) == 0o644
+    out.chmod(0o640)
+    assert kvforge("notes", "-t", "fake", "--out", str(out)).exit_code == 0
+    assert (out.stat().st_mode & 0o777) == 0o640
+    new = tmp_path / "new.md"
+    old_umask = os.umask(0o022)
+    try:
+        assert kvforge("notes", "-t", "fake", "--out", str(new)).exit_code == 0
+    finally:
+        os.umask(old_umask)
+    assert (new.stat().st_mode & 0o777) == 0o644
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 # ---------------------------------------------------------------- --open and gh
 
 def path_with(tmp_path: Path, *tools: str) -> str:
