@@ -50,7 +50,7 @@ from jinja2 import (BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined,
 from jinja2.sandbox import SandboxedEnvironment, SecurityError
 from packaging.version import InvalidVersion, Version
 
-from . import evidence, gitutil
+from . import evidence, gitutil, prpolicy
 from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .outcome import Done
 from .series import read_series
@@ -140,6 +140,7 @@ class Text:
     evidence: list[EvidenceUsed] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     repo: str = ""  # the GitHub repository (owner/name) a PR is for
+    branch: str = ""  # the upstream branch it is for (prpolicy.route)
 
     @property
     def text(self) -> str:
@@ -469,33 +470,54 @@ def drop_when_text(value: str) -> str:
 
 
 def user_facing(patch) -> list[str]:
-    """What a patch adds that a user can set: environment variables (vllm/envs.py), config fields
-    (dataclass fields in vllm/config/), engine arguments (vllm/engine/arg_utils.py)."""
+    """What a patch changes that a user can set or see, found in its diff (test files aside):
+    environment variables (a vllm/envs.py or vllm_ascend/envs.py entry, os.getenv / os.environ),
+    config fields (dataclass fields in vllm/config/), engine arguments (new in vllm/engine/arg_utils.py,
+    or CLI options whose handling the code now changes, named in its added lines) and new errors
+    (`raise X(...)` with their message)."""
     out: list[str] = []
 
     def add(item: str) -> None:
         if item not in out:
             out.append(item)
 
+    options: list[str] = []
     for f in patch.files:
         path = f.path
+        if path.startswith("tests/") or "/tests/" in path or not path.endswith(".py"):
+            continue
         for hunk in f:
             cls = re.match(r"^\s*class (\w+)", hunk.section_header or "")
-            for line in hunk:
-                if not line.is_added:
-                    continue
-                text = line.value.rstrip("\n")
-                if path == "vllm/envs.py":
+            added = [ln.value.rstrip("\n") for ln in hunk if ln.is_added]
+            for i, text in enumerate(added):
+                if path in ("vllm/envs.py", "vllm_ascend/envs.py"):
                     m = re.match(r'^\s*"(VLLM_[A-Z0-9_]+)"\s*:', text)
                     if m:
                         add(f"environment variable `{m.group(1)}`")
-                elif path.startswith("vllm/config/") and cls:
+                for m in re.finditer(r'(?:getenv|environ\.get|environ\[)\(?\s*"(VLLM_[A-Z0-9_]+)"', text):
+                    add(f"environment variable `{m.group(1)}`")
+                if path.startswith("vllm/config/") and cls:
                     m = re.match(r"^    ([a-z][a-z0-9_]*)\s*:\s*[^=]+=", text)
                     if m:
                         add(f"config field `{cls.group(1)}.{m.group(1)}`")
-                elif path == "vllm/engine/arg_utils.py":
+                if path == "vllm/engine/arg_utils.py":
                     for m in re.finditer(r'"(--[a-z0-9][a-z0-9-]+)"', text):
                         add(f"engine argument `{m.group(1)}`")
+                else:
+                    options += re.findall(r"(?<![\w-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)+|--[a-z]{3,})\b", text)
+                m = re.match(r"^\s*raise (\w+(?:Error|Exception))\(\s*(.*)$", text)
+                if m:
+                    parts = [m.group(2)]
+                    for more in added[i + 1:i + 4]:
+                        if parts[-1].rstrip().endswith(")"):
+                            break
+                        parts.append(more)
+                    pieces = re.findall(r'f?"((?:[^"\\]|\\.)*)"', " ".join(parts))
+                    msg = " ".join("".join(pieces).split())
+                    add(f"a new error, `{m.group(1)}: {msg}`" if msg else f"a new error (`{m.group(1)}`)")
+    for opt in dict.fromkeys(options):
+        if f"engine argument `{opt}`" not in out:
+            add(f"the handling of `{opt}` (the patch's own code reads or checks it)")
     return out
 
 
@@ -686,7 +708,9 @@ def _patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str],
         "bugs": [{"url": u, "ref": github_ref(u, repo)} for u in p.values("Bug")],
         "drop_when": p.value("Drop-When") or "", "drop_when_text": drop_when_text(p.value("Drop-When") or ""),
         "depends_on": [{"fix_id": d.fix_id, "name": d.name, "subject": d.subject,
-                        "upstream_status": d.upstream_status} for d in deps],
+                        "upstream_status": d.upstream_status, "status": upstream_status(d.upstream_status)[0],
+                        "status_ref": github_ref(upstream_status(d.upstream_status)[1], repo)
+                        if upstream_status(d.upstream_status)[1].startswith("http") else ""} for d in deps],
         "depends_missing": missing_deps,
         "checks": p.checks, "signed_off_by": p.values("Signed-off-by"),
         "touched": p.touched_paths, "user_facing": user_facing(p),
@@ -722,17 +746,25 @@ def _common(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> 
 
 # ---------------------------------------------------------------- the two products
 
-def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = None,
+def pull_request(ctx, fix_id: str, style: str | None = None, template: Path | None = None,
                  allow_stale: bool = False) -> Text:
     """One fix of ctx's series as a PR title and body (see the module docstring)."""
 
-    if style not in STYLES:
+    if style is not None and style not in STYLES:
         raise KvforgeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}", EXIT_USAGE)
     stack = open_stack(ctx)
     n = next((i for i, p in enumerate(stack.series.patches, 1) if p.fix_id == fix_id), None)
     if n is None:
         raise _no_such_fix(ctx, stack, fix_id)
     patch = stack.series.patches[n - 1]
+    way = prpolicy.route(ctx.target, ctx.component, patch)
+    if style is not None and style != way.style:
+        raise KvforgeError(f"--style {style}: {ctx.component.name}'s fixes go to {way.repo}, whose style is "
+                           f"{way.style} (the style follows the component; leave --style out)", EXIT_USAGE)
+    if way.action != "pr":
+        raise KvforgeError(f"{fix_id} ({ctx.target.name}, {ctx.component.name}): no upstream PR: {way.reason}",
+                           EXIT_USAGE)
+    style = way.style
     deps, missing_deps = depends_chain(stack.series, patch)
     check_dco([*deps, patch])
     warnings: list[str] = []
@@ -741,13 +773,13 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
     if missing_deps:
         warnings.append(f"{patch.name} depends on {', '.join(missing_deps)}, which this series does not carry")
 
+    repo = way.repo
     if style == "vllm":
         upstream, warning = vllm_template(stack, ctx.component.release.version)
         if warning:
             warnings.append(warning)
-        repo = _github_repo(ctx.component.repo) or "vllm-project/vllm"
     else:
-        upstream, repo = ascend_template(), ASCEND_REPO
+        upstream = ascend_template()
     layout = upstream.layout
     data = _common(ctx, stack, style, layout, upstream)
     data["fix"] = _patch_data(stack, n, repo, deps, missing_deps, _home(ctx))
@@ -772,7 +804,7 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
     if style == "vllm":
         title = vllm_title(patch.subject, patch.kind, layout)
     else:
-        title = ascend_title(patch.subject, patch.kind, ascend_branch(target, ctx.component), patch.touched_paths)
+        title = ascend_title(patch.subject, patch.kind, way.branch.removeprefix("releases/"), patch.touched_paths)
     data["title"] = title
     name = "pr-ascend.md.j2" if style == "vllm-ascend" else f"pr-vllm-{layout}.md.j2"
     body, user_title = render_template(name, data, template)
@@ -780,9 +812,15 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
         title = " ".join(user_title.split())
         if style == "vllm":
             check_vllm_title(title)
+    internal = [i for i, ln in enumerate(f"{title}\n{body}".split("\n"), 1) if "kvforge" in ln.lower()]
+    if internal:
+        warnings.append(f"the PR text names kvforge on {len(internal)} line(s) (first: line {internal[0]}), "
+                        f"which an upstream reader does not know: from the patch ({patch.name}: its message, "
+                        "test file names) or the template; rename or reword them there")
     return Text("pr", target, ctx.component.name, style, layout, title, _tidy(body), stack.base.commit,
                 stack.base.ref, stack.digest, stack.origin, fix_id,
-                str(template) if template is not None else name, upstream.source, used, warnings, repo)
+                str(template) if template is not None else name, upstream.source, used, warnings, repo,
+                way.branch)
 
 
 def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) -> Text:
@@ -903,12 +941,8 @@ def gh_argv(gh: str, pr: Text, body_file: Path, base_branch: str | None) -> list
 
 
 def base_branch(pr: Text) -> str | None:
-    """The upstream branch a PR targets: main for main; vllm-ascend's releases/<target>; else gh's default."""
-    if pr.target == "main":
-        return "main"
-    if pr.style == "vllm-ascend":
-        return pr.base_ref if pr.base_ref.startswith("releases/") else f"releases/{pr.target}"
-    return None
+    """The upstream branch a PR targets, as the upstream policy routed it (prpolicy.route)."""
+    return pr.branch or None
 
 
 def open_pr(pr: Text, gh: str) -> str:
@@ -968,7 +1002,7 @@ def publish(result: Text, out: Path | None, gh: str | None = None) -> Done:
     return Done(data, text, notes=list(result.warnings), aside=f"kvforge: wrote {out}" if out is not None else "")
 
 
-def pr_command(ctx, fix_id: str, style: str, template: Path | None, allow_stale: bool, out: Path | None,
+def pr_command(ctx, fix_id: str, style: str | None, template: Path | None, allow_stale: bool, out: Path | None,
                gh: str | None) -> Done:
     """`kvforge pr`: the fix's pull request description, published."""
     return publish(pull_request(ctx, fix_id, style, template, allow_stale), out, gh)

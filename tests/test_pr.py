@@ -24,7 +24,7 @@ import pytest
 from helpers import IDENT, git
 from test_verify import CLAMP_FIX, errline, kvforge
 
-from kvforge import evidence, pr
+from kvforge import evidence, pr, prpolicy
 from kvforge.bench.prefix_cache import aggregate, goals
 from kvforge.cache import Cache
 from kvforge.errors import KvforgeError
@@ -127,9 +127,32 @@ def give_base_a_template(fake, template: str | None) -> None:
     fake.base = git(fake.upstream, "rev-parse", "HEAD").strip()
 
 
+# FAKE upstream policies, for the fixture target only (its component `vllm` is on ref v1): v1 is a
+# maintained release branch of the upstream, so its fixes get PRs onto v1. The real policy is
+# tested on the real targets (test_real_routes_*).
+FAKE_POLICY = """\
+# FAKE policy for kvforge's tests
+[upstreams.vllm]
+repo = "{repo}"
+display = "upstream"
+style = "{style}"
+main = "main"
+release_branches = "maintained"
+release_prefix = "v"
+"""
+
+
+def use_fake_policy(fake, monkeypatch, style: str = "vllm") -> None:
+    path = fake.root / f"fake-policy-{style}.toml"
+    repo = "vllm-project/vllm" if style == "vllm" else "vllm-project/vllm-ascend"
+    path.write_text(FAKE_POLICY.format(repo=repo, style=style))
+    monkeypatch.setattr(prpolicy, "POLICY_FILE", path)
+
+
 @pytest.fixture()
 def series(fake, request, monkeypatch):
     """The fixture series on a base with vLLM 0.20.2's PR template (indirect param: another copy or None)."""
+    use_fake_policy(fake, monkeypatch)
     give_base_a_template(fake, getattr(request, "param", "vllm-0.20.2.PULL_REQUEST_TEMPLATE.md"))
     c1 = commit_patch(fake, "0001-clamp-upper", CLAMP_FIX, CLAMP_MSG.format(ident=IDENT), fake.base)
     commit_patch(fake, "0002-fake-factor", FACTOR_FIX, FACTOR_MSG.format(ident=IDENT), c1)
@@ -217,7 +240,10 @@ def test_golden_vllm_v020_layout(series):
     assert "## Purpose" in res.stdout and "## Test Plan" in res.stdout and "## Test Result" in res.stdout
     assert "Essential Elements of an Effective PR Description Checklist" in res.stdout  # the base's checklist
     no_machine_paths(res.stdout, series)
-    assert "warning" not in res.stderr  # current evidence: nothing to warn about
+    assert "evidence" not in res.stderr  # current evidence: nothing to warn about
+    # The fixture's test file is test_kvforge_clamp.py: named in the text, so it is warned about.
+    assert "the PR text names kvforge on" in res.stderr
+    assert "kvforge verify" not in res.stdout and "series" not in res.stdout and "Drop" not in res.stdout
     golden("pr-vllm-purpose.md", res.stdout)
 
 
@@ -234,14 +260,15 @@ def test_golden_vllm_main_layout_follows_the_base_template(series):
     golden("pr-vllm-overview.md", res.stdout)
 
 
-def test_golden_vllm_ascend(series):
+def test_golden_vllm_ascend(series, monkeypatch):
+    use_fake_policy(series, monkeypatch, "vllm-ascend")
     key = key_of(series)
     fixture_verify(series, key)
     fixture_bench(series, key)
-    res = kvforge("pr", "-t", "fake", "--fix", "fake-factor", "--style", "vllm-ascend")
+    res = kvforge("pr", "-t", "fake", "--fix", "fake-factor")
     assert res.exit_code == 0, res.output
     title, _, body = res.stdout.partition("\n\n")
-    assert title == "[fake][Core][BugFix] Read the doubling factor from VLLM_FAKE_FACTOR"
+    assert title == "[v1][Core][BugFix] Read the doubling factor from VLLM_FAKE_FACTOR"
     assert [h for h in body.splitlines() if h.startswith("### ")] == [
         "### What this PR does / why we need it?", "### Does this PR introduce _any_ user-facing change?",
         "### How was this patch tested?"]
@@ -275,7 +302,7 @@ def test_a_changed_evidence_number_changes_the_text(series):
     fixture_bench(series, key, patched_hits=470, created="2026-11-22T13:00:00.000000+00:00")
     after = kvforge("pr", "-t", "fake", "--fix", "clamp-upper").stdout
     assert after != before
-    assert "7 passed, 0 failed" in before and "8 passed, 0 failed" in after
+    assert "7 passed, 1 skipped, none failed" in before and "8 passed, 1 skipped, none failed" in after
     assert "| external-hit | 20.00% | 48.00% |" in before and "| external-hit | 20.00% | 47.00% |" in after
     assert "2026-11-22 13:00 UTC" in after and "2026-11-22 12:00 UTC" not in after
     # And the before-outcome of a check comes from the record too.
@@ -301,10 +328,10 @@ def test_stale_evidence_is_refused_and_allow_stale_says_so_in_the_text(series):
     assert kvforge("notes", "-t", "fake").exit_code == 4
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--allow-stale")
     assert res.exit_code == 0, res.output
-    assert "> **Stale evidence.** These verify results were recorded for series " \
-           f"`{old.series}`" in res.stdout
-    assert f"not for this series (`{new.series}`" in res.stdout
-    assert "> **Stale evidence.** These bench results" in res.stdout
+    assert "> **Stale results.** These test results were recorded for an earlier version of this change" \
+        in res.stdout
+    assert old.series not in res.stdout and new.series not in res.stdout  # digests are not for upstream
+    assert "> **Stale results.** These replay results" in res.stdout
     assert "using stale verify evidence" in res.stderr
     notes = kvforge("notes", "-t", "fake", "--allow-stale")
     assert notes.exit_code == 0 and "**STALE**" in notes.stdout and "(STALE, another series)" in notes.stdout
@@ -313,8 +340,8 @@ def test_stale_evidence_is_refused_and_allow_stale_says_so_in_the_text(series):
 def test_missing_evidence_is_stated_never_invented(series):
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper")
     assert res.exit_code == 0, res.output
-    assert "**No `kvforge verify` evidence is recorded for this series**" in res.stdout
-    assert "**No `kvforge bench prefix-cache` evidence is recorded for this series**" in res.stdout
+    assert "**No test results are recorded for this change yet**" in res.stdout
+    assert "**No replay results are recorded for this change yet.**" in res.stdout
     assert "proven" not in res.stdout and "passed" not in res.stdout and "Fail-before" not in res.stdout
     assert "warning: no verify evidence" in res.stderr
     # A fix without a bench scenario does not ask for bench evidence.
@@ -337,10 +364,10 @@ def test_real_verify_evidence_feeds_the_pr(series):
     assert "Fail-before 2/2 (1 for a behavioural reason), pass-after 2/2: **proven**" in body
     assert "`AssertionError: assert 5 == 3`" in body or "`assert 5 == 3`" in body  # the real failure before
     reg = report["regression"]
-    assert f"{reg['passed']} passed, {reg['failed']} failed" in body
+    assert reg["failed"] == 0 and f"{reg['passed']} passed, {reg['skipped']} skipped, none failed" in body
     assert data["evidence"][0] == {**data["evidence"][0], "kind": "verify", "state": "current",
                                    "series": report["series"], "record": report["report"]}
-    assert "**No `kvforge bench prefix-cache` evidence" in body  # no bench run: said so
+    assert "**No replay results are recorded for this change yet.**" in body  # no bench run: said so
 
 
 # ---------------------------------------------------------------- inputs and refusals
@@ -374,7 +401,7 @@ def test_from_a_tree_uses_its_commits_and_their_evidence(series, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["evidence"][0]["state"] == "current" and data["origin"].endswith(f"({head[:12]})")
-    assert f"the commits of a tree up to {head[:12]}" in data["body"] and "could not be set" in data["body"]
+    assert f"(commit {head[:12]})" in data["body"] and "could not be set" in data["body"]
     no_machine_paths(data["body"], series)
     assert str(tree) not in data["body"]
     # The series files are another series: their text has no evidence (none was recorded for them).
@@ -547,9 +574,10 @@ print("https://github.com/vllm-project/vllm/pull/99999")
 """
 
 
-@pytest.mark.parametrize("style,repo,base", [("vllm", "vllm-project/vllm", None),
-                                             ("vllm-ascend", "vllm-project/vllm-ascend", "releases/fake")])
-def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, style, repo, base):
+@pytest.mark.parametrize("style,repo,base,fix", [("vllm", "vllm-project/vllm", "v1", "clamp-upper"),
+                                                 ("vllm-ascend", "vllm-project/vllm-ascend", "v1", "fake-factor")])
+def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, style, repo, base, fix):
+    use_fake_policy(series, monkeypatch, style)
     bindir = Path(path_with(tmp_path, "git"))
     gh = bindir / "gh"
     gh.write_text(FAKE_GH.format(python=sys.executable))
@@ -557,9 +585,9 @@ def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, s
     log = tmp_path / "gh.json"
     monkeypatch.setenv("PATH", str(bindir))
     monkeypatch.setenv("FAKE_GH_LOG", str(log))
-    expected = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", style, "--json")
+    expected = kvforge("pr", "-t", "fake", "--fix", fix, "--style", style, "--json")
     want = json.loads(expected.stdout)
-    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", style, "--open", "--json")
+    res = kvforge("pr", "-t", "fake", "--fix", fix, "--style", style, "--open", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["opened"] == "https://github.com/vllm-project/vllm/pull/99999"
     seen = json.loads(log.read_text())
@@ -570,8 +598,59 @@ def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, s
     assert seen["body"] == want["body"]
     assert not Path(body_file).exists()  # the temporary body file is gone
     monkeypatch.setenv("FAKE_GH_FAIL", "1")
-    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", style, "--open")
+    res = kvforge("pr", "-t", "fake", "--fix", fix, "--style", style, "--open")
     assert res.exit_code == 5 and "gh pr create failed (exit 1)" in errline(res)
+
+
+# ---------------------------------------------------------------- where a PR goes (the real policy)
+
+REAL_ROUTES = {
+    # (target, component, fix): (action, repo, branch, what the reason says)
+    ("v0.20.1", "vllm", "two-phase-kv-alloc"): ("none", "vllm-project/vllm", "", "merged upstream as #44409"),
+    ("v0.20.2rc", "vllm", "swa-reachable-cache-mask"): ("none", "vllm-project/vllm", "", "#42258, #44082"),
+    ("v0.20.2rc", "vllm", "kv-events-token-ids"):
+        ("none", "vllm-project/vllm", "", "send the main variant (kvforge pr -t main --fix kv-events-token-ids)"),
+    ("v0.20.2rc", "vllm", "eagle-lookahead-block-hashes"): ("none", "vllm-project/vllm", "", "released in vLLM 0.33.0"),
+    ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-compressed-prefix-lookup"):
+        ("none", "vllm-project/vllm-ascend", "", "already on releases/v0.20.2rc as #10298"),
+    ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-block-size"):
+        ("pr", "vllm-project/vllm-ascend", "releases/v0.20.2rc", ""),
+    ("v0.20.2rc", "vllm-ascend", "two-phase-kv-alloc"): ("none", "vllm-project/vllm-ascend", "", "Inappropriate"),
+    ("v0.20.2rc", "vllm-ascend", "kv-events-token-ids"): ("none", "vllm-project/vllm-ascend", "", "Inappropriate"),
+    ("main", "vllm", "kv-events-token-ids"): ("pr", "vllm-project/vllm", "main", ""),
+}
+
+
+def test_real_routes_follow_each_upstreams_policy():
+    """Every fix of every real target/component (the repository's own targets/ and patches/) gets a route:
+    a PR for the right repository and branch, or none with the reason."""
+    routes = prpolicy.plan()
+    got = {(r.target, r.component, r.fix_id): r for r in routes}
+    assert len(got) == len(routes) >= 18
+    for key, (action, repo, branch, why) in REAL_ROUTES.items():
+        r = got[key]
+        assert (r.action, r.repo, r.branch) == (action, repo, branch), (key, r)
+        assert why in r.reason, (key, r.reason)
+    assert all(r.reason for r in routes if r.action == "none")
+    assert [k for k, r in got.items() if r.action == "pr"] == [
+        ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-block-size"), ("main", "vllm", "kv-events-token-ids")]
+    # No PR from a release target of vLLM, and every Inappropriate patch is refused.
+    assert not [r for r in routes if r.repo == "vllm-project/vllm" and r.target != "main" and r.action == "pr"]
+
+
+def test_the_real_policy_refuses_on_the_fixture_and_style_follows_the_component(series, monkeypatch):
+    monkeypatch.setattr(prpolicy, "POLICY_FILE", prpolicy.Path(pr.__file__).parent / "data" / "upstream-policy.toml")
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--json")
+    assert res.exit_code == 2
+    assert json.loads(res.stdout)["error"] == (
+        "clamp-upper (fake, vllm): no upstream PR: merged upstream as #101 (abc1234) on main; vLLM takes "
+        "cherry-picks only into the release in flight (vllm 0.0.1 is released)")
+    res = kvforge("pr", "-t", "fake", "--fix", "fake-factor")
+    assert res.exit_code == 2 and "vllm-project/vllm takes new fixes on main only" in errline(res)
+    use_fake_policy(series, monkeypatch, "vllm")
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", "vllm-ascend")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "--style vllm-ascend: vllm's fixes go to vllm-project/vllm, whose style is vllm" in errline(res)
 
 
 # ---------------------------------------------------------------- units
@@ -649,9 +728,10 @@ def test_commit_message_becomes_markdown():
 # ---------------------------------------------------------------- the real series on the real base
 
 @pytest.mark.slow
-def test_every_real_v0202_fix_gets_a_description_in_both_styles(project, base_v0202):
-    """The real v0.20.2rc patches on the real vLLM 0.20.2 base (its own PR template); no evidence in
-    this test cache, so each text says so."""
+def test_every_real_v0202_fix_is_routed_and_renders_in_both_styles(project, base_v0202, monkeypatch):
+    """The real v0.20.2rc patches on the real vLLM 0.20.2 base (its own PR template): the real policy
+    refuses each (vLLM takes no backports into a released version), with the reason; under a FAKE
+    maintained-branch policy each renders in both styles. No evidence in this test cache: said so."""
     _cache, base = base_v0202
     # The session cache is shared: evidence other tests recorded for target t is set aside here.
     results = _cache.results / "t"
@@ -659,14 +739,14 @@ def test_every_real_v0202_fix_gets_a_description_in_both_styles(project, base_v0
     if results.exists():
         results.rename(aside)
     try:
-        _real_fixes_get_descriptions(project, base)
+        _real_fixes_get_descriptions(project, base, monkeypatch)
     finally:
         shutil.rmtree(results, ignore_errors=True)
         if aside.exists():
             aside.rename(results)
 
 
-def _real_fixes_get_descriptions(project, base):
+def _real_fixes_get_descriptions(project, base, monkeypatch):
     from kvforge import gitutil
     from kvforge.targets import project_root
 
@@ -681,15 +761,30 @@ def _real_fixes_get_descriptions(project, base):
     fixes = [p.fix_id for p in read_series(project / "patches" / "t").patches]
     assert fixes
     for fix_id in fixes:
-        for style in ("vllm", "vllm-ascend"):
-            res = kvforge("pr", "-t", "t", "--fix", fix_id, "--style", style, "--json")
+        res = kvforge("pr", "-t", "t", "--fix", fix_id, "--json")
+        assert res.exit_code == 2, res.output
+        error = json.loads(res.stdout)["error"]
+        assert error.startswith(f"{fix_id} (t, vllm): no upstream PR: "), error
+        assert ("merged upstream as #" in error) or ("takes new fixes on main only" in error), error
+    for style in ("vllm", "vllm-ascend"):
+        policy = project / f"fake-policy-{style}.toml"  # FAKE: t's v0.20.2 as a maintained branch
+        policy.write_text(FAKE_POLICY.format(repo="vllm-project/vllm" if style == "vllm" else
+                                             "vllm-project/vllm-ascend", style=style))
+        monkeypatch.setattr(prpolicy, "POLICY_FILE", policy)
+        for fix_id in fixes:
+            if style == "vllm-ascend" and read_series(project / "patches" / "t").by_fix_id()[fix_id] \
+                    .upstream_status.startswith("Backport [https://github.com/vllm-project/vllm/"):
+                continue  # a vLLM backport: no vllm-ascend PR (tested on the fixture)
+            res = kvforge("pr", "-t", "t", "--fix", fix_id, "--json")
             assert res.exit_code == 0, res.output
             data = json.loads(res.stdout)
             if style == "vllm":
                 assert pr.VLLM_TITLE_RE.match(data["title"]) and data["layout"] == "purpose"
                 assert data["upstream_template"].startswith(".github/PULL_REQUEST_TEMPLATE.md of v0.20.2")
+                assert data["branch"] == "v0.20.2"
             else:
-                assert data["title"].startswith("[t][Core][BugFix] ")
-            assert "No `kvforge verify` evidence is recorded" in data["body"]
+                assert data["title"].startswith("[v0.20.2][Core][BugFix] ")
+            assert "No test results are recorded for this change yet" in data["body"]
+            assert "kvforge verify" not in data["body"] and "Drop when" not in data["body"]
     res = kvforge("notes", "-t", "t")
     assert res.exit_code == 0 and res.stdout.count("\n### ") == len(fixes)
