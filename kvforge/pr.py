@@ -33,6 +33,7 @@ and sets the exit code. Rules:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -53,7 +54,7 @@ from packaging.version import InvalidVersion, Version
 from . import evidence, gitutil, prpolicy
 from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .outcome import Done
-from .series import read_series
+from .series import author_email, read_series
 from .targets import load_all, project_root
 from .trees import open_stack
 
@@ -545,6 +546,11 @@ def check_dco(patches) -> None:
         if not any(re.match(r"^.+ <[^<>\s]+@[^<>\s]+>$", v) for v in p.values("Signed-off-by")):
             raise KvforgeError(f"{p.name} ({p.subject}): no Signed-off-by: trailer; vLLM and vllm-ascend require "
                                "a DCO sign-off on every commit (git commit --amend -s, then export)", EXIT_USAGE)
+        email = author_email(p.author)
+        if email and not any(author_email(v) == email for v in p.values("Signed-off-by")):
+            raise KvforgeError(f"{p.name} ({p.subject}): its author {p.author!r} has no Signed-off-by of their own; "
+                               "the DCO check compares the author with the sign-offs (the author signs off: "
+                               "git commit --amend -s as the author, then export)", EXIT_USAGE)
 
 
 def diffstat(stack, n: int) -> str:
@@ -846,8 +852,14 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
                                  if r["scenario"] in wanted and r["label"] == r["scenario"]}
     authors: dict[str, list[str]] = {}
     for p in stack.series.patches:
-        authors.setdefault(re.sub(r"\s*<.*>$", "", p.author) or "unknown", []).append(p.subject)
+        # A backport names the upstream change it carries (its upstream author is on that PR).
+        status, detail = upstream_status(p.upstream_status)
+        what = p.subject + (f" (backport of {github_ref(detail, '')})" if status == "Backport" and detail else "")
+        authors.setdefault(re.sub(r"\s*<.*>$", "", p.author) or "unknown", []).append(what)
     data["shortlog"] = [{"author": a, "subjects": s} for a, s in authors.items()]
+    data["base"]["upstream_commit"], data["base"]["version_file"] = upstream_commit(ctx.component, stack.base)
+    data["wheels"] = built_wheels(ctx.cache, target, ctx.component.name, stack.digest, stack.base.commit)
+    data["settings"] = [{"fix_id": f["fix_id"], "item": item} for f in fixes for item in f["user_facing"]]
     data["diffstat"] = diffstat(stack, 0) if stack.size else ""
     title = f"{data['base']['name']} + kvforge series {target} ({stack.digest})"
     data["title"] = title
@@ -855,6 +867,37 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
     return Text("notes", target, ctx.component.name, "notes", "notes", " ".join((user_title or title).split()),
                 _tidy(body), stack.base.commit, stack.base.ref, stack.digest, stack.origin, None,
                 str(template) if template is not None else "notes.md.j2", "", used, warnings)
+
+
+def upstream_commit(comp, base) -> tuple[str, str]:
+    """The upstream commit a base was released from, as its sdist records it (setuptools-scm's
+    `<package>/_version.py`: `__commit_id__ = commit_id = 'gbc150f502'`): (commit, that file), or
+    ('', '') when the base has none (a git base is its upstream commit itself)."""
+    if base.source != "sdist":
+        return base.commit, ""
+    rel = f"{comp.release.package.replace('-', '_')}/_version.py"
+    res = gitutil.run(base.repo, "show", f"{base.commit}:{rel}", check=False)
+    m = re.search(r"""commit_id\s*(?::[^=]*)?=\s*['"]g?([0-9a-f]{7,40})['"]""", res.stdout) if res.returncode == 0 else None
+    return (m.group(1), rel) if m else ("", "")
+
+
+def built_wheels(cache, target: str, component: str, digest: str, base_commit: str) -> list[dict]:
+    """The wheels `kvforge build` made and verified for exactly this series and base, read from its
+    reports (<cache>/builds/<target>/<component>/<digest>/build-<platform>.json, written by
+    kvforge/build.py; read here, never written): file name, sha256, size, platform tag."""
+    out = []
+    for report in sorted((cache.root / "builds" / target / component / digest).glob("build-*.json")):
+        try:
+            doc = json.loads(report.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not (isinstance(doc, dict) and doc.get("ok") and doc.get("filename") and doc.get("sha256")
+                and doc.get("base") == base_commit and doc.get("series") == digest):
+            continue
+        tag = doc["filename"][:-len(".whl")].rsplit("-", 1)[-1] if doc["filename"].endswith(".whl") else ""
+        out.append({"filename": doc["filename"], "sha256": doc["sha256"], "size": doc.get("size", 0),
+                    "platform": tag, "verified_on": report.stem.removeprefix("build-")})
+    return out
 
 
 def _home(ctx) -> str:

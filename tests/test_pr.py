@@ -290,6 +290,30 @@ def test_golden_notes(series):
     golden("notes.md", res.stdout)
 
 
+def test_notes_name_the_built_wheels_and_the_user_facing_settings(series):
+    """The wheels come from `kvforge build`'s own report (BuildResult as build writes it), for exactly
+    this series and base; a report of another series is not shown."""
+    from kvforge.build import BuildResult
+
+    key = key_of(series)
+    res = kvforge("notes", "-t", "fake")
+    assert "No wheel built and verified for this series yet" in res.stdout
+    assert "- environment variable `VLLM_FAKE_FACTOR` (fake-factor)" in res.stdout
+    builds = series.cache / "builds" / "fake" / "vllm"
+    for digest, name in ((key.series, "vllm-0.0.1-1_kvforge_x-cp38-abi3-manylinux_2_35_x86_64.whl"),
+                         ("0" * 16, "vllm-0.0.1-1_kvforge_other-cp38-abi3-manylinux_2_35_x86_64.whl")):
+        result = BuildResult("fake", "vllm", "overlay", "0.0.1", base=key.base, series=digest, filename=name,
+                             sha256="ab" * 32, size=123, ok=True)
+        (builds / digest).mkdir(parents=True, exist_ok=True)
+        (builds / digest / "build-cpu.json").write_text(json.dumps(result.to_json(), default=str))
+    res = kvforge("notes", "-t", "fake", "--json")
+    data = json.loads(res.stdout)
+    assert "| `vllm-0.0.1-1_kvforge_x-cp38-abi3-manylinux_2_35_x86_64.whl` | manylinux_2_35_x86_64 | " \
+           f"`{'ab' * 32}` | cpu |" in data["body"]
+    assert "kvforge_other" not in data["body"]
+    assert f"base-commit: {series.base}" in data["body"]  # a git base is the upstream commit itself
+
+
 # ---------------------------------------------------------------- evidence rules
 
 def test_a_changed_evidence_number_changes_the_text(series):
