@@ -687,7 +687,11 @@ text_allow_stale_option = click.option(
 @text_out_option
 @text_allow_stale_option
 @click.option("--open", "open_in_gh", is_flag=True,
-              help="Hand title and body to `gh pr create --draft` (the GitHub CLI; exit 5 when it is not installed).")
+              help="Open the PR: re-apply the fix onto the upstream branch of your clone (--repo CLONE, git am -3; "
+                   "conflicts are exit 3), push it to --push-to as fix/<FIX-ID>, check the pushed branch, then "
+                   "`gh pr create --draft --base BRANCH --head ...` (exit 5 without gh).")
+@click.option("--push-to", "push_to", metavar="REMOTE|URL",
+              help="With --open: your fork, as a remote name of the --repo clone or a URL; the branch is pushed there.")
 @from_option
 @source_option
 @repo_option
@@ -695,7 +699,8 @@ text_allow_stale_option = click.option(
 @click.pass_obj
 @handle_errors
 def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, style: str | None,
-           template_path: Path | None, out: Path | None, allow_stale: bool, open_in_gh: bool, from_rev: str | None,
+           template_path: Path | None, out: Path | None, allow_stale: bool, open_in_gh: bool, push_to: str | None,
+           from_rev: str | None,
            source: str, repo_url: str | None, as_json: bool) -> None:
     """Describe one fix as an upstream pull request: a title, a blank line, the body.
 
@@ -718,7 +723,7 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     if component is None:
         component = prpolicy.component_for_pr(targets.load_target(target_name), fix_id)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
-    finish(pr.pr_command(ctx, fix_id, style, template_path, allow_stale, out, gh), as_json)
+    finish(pr.pr_command(ctx, fix_id, style, template_path, allow_stale, out, gh, push_to), as_json)
 
 
 @cli.command("notes", epilog=TEXT_EXIT_HELP)

@@ -598,10 +598,29 @@ print("https://github.com/vllm-project/vllm/pull/99999")
 """
 
 
-@pytest.mark.parametrize("style,repo,base,fix", [("vllm", "vllm-project/vllm", "v1", "clamp-upper"),
-                                                 ("vllm-ascend", "vllm-project/vllm-ascend", "v1", "fake-factor")])
-def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, style, repo, base, fix):
-    use_fake_policy(series, monkeypatch, style)
+def upstream_and_fork(series, tmp_path, moved: dict[str, str]) -> tuple[Path, Path, Path, str]:
+    """A local bare "upstream" repository (a clone of the fixture's, its branch v1 = the base, then one
+    upstream commit with `moved` edits), an empty bare "fork", and the user's clone of upstream with
+    the fork as remote `fork`. Returns (upstream, fork, clone, the upstream branch head)."""
+    up, fork, clone, work = (tmp_path / "upstream.git", tmp_path / "fork.git", tmp_path / "clone",
+                             tmp_path / "up-work")
+    git(tmp_path, "clone", "-q", "--bare", str(series.upstream), str(up))
+    git(up, "branch", "-f", "v1", series.base)
+    git(tmp_path, "clone", "-q", "-b", "v1", str(up), str(work))
+    for rel, (old, new) in moved.items():
+        path = work / rel
+        path.write_text(path.read_text().replace(old, new) if old else new)
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "upstream moved on")
+    git(work, "push", "-q", "origin", "HEAD:refs/heads/v1")
+    head = git(up, "rev-parse", "refs/heads/v1").strip()
+    git(tmp_path, "init", "-q", "--bare", str(fork))
+    git(tmp_path, "clone", "-q", str(up), str(clone))
+    git(clone, "remote", "add", "fork", str(fork))
+    return up, fork, clone, head
+
+
+def fake_gh(tmp_path, monkeypatch) -> Path:
     bindir = Path(path_with(tmp_path, "git"))
     gh = bindir / "gh"
     gh.write_text(FAKE_GH.format(python=sys.executable))
@@ -609,21 +628,71 @@ def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, s
     log = tmp_path / "gh.json"
     monkeypatch.setenv("PATH", str(bindir))
     monkeypatch.setenv("FAKE_GH_LOG", str(log))
-    expected = kvforge("pr", "-t", "fake", "--fix", fix, "--style", style, "--json")
-    want = json.loads(expected.stdout)
-    res = kvforge("pr", "-t", "fake", "--fix", fix, "--style", style, "--open", "--json")
+    return log
+
+
+@pytest.mark.parametrize("style,repo,fix", [("vllm", "vllm-project/vllm", "clamp-upper"),
+                                            ("vllm-ascend", "vllm-project/vllm-ascend", "fake-factor")])
+def test_open_pushes_the_fix_onto_upstream_history_then_hands_it_to_gh(series, tmp_path, monkeypatch, style,
+                                                                        repo, fix):
+    """Against local bare repositories (never the network): the fix is re-applied onto the upstream
+    branch head, pushed to the fork, checked there, and only then given to a FAKE gh with --base/--head."""
+    use_fake_policy(series, monkeypatch, style)
+    up, fork, clone, head = upstream_and_fork(series, tmp_path, {"README.upstream": ("", "moved on\n")})
+    if fix == "fake-factor":  # it applies on top of clamp-upper: upstream has that one already
+        git(clone, "fetch", "-q", "origin")
+    log = fake_gh(tmp_path, monkeypatch)
+    if fix == "fake-factor":
+        # Upstream's v1 gets clamp-upper first (the fix it depends on), as a merged PR would.
+        work = tmp_path / "up-work"
+        (work / "vllm_like" / "core.py").write_text(git(series.upstream, "show", f"{series.base}:vllm_like/core.py")
+                                                    .replace("return max(lo, x)", "return min(hi, max(lo, x))"))
+        git(work, "commit", "-qam", "upstream clamp")
+        git(work, "push", "-q", "origin", "HEAD:refs/heads/v1")
+        head = git(up, "rev-parse", "refs/heads/v1").strip()
+        git(clone, "fetch", "-q", "origin")
+    want = json.loads(kvforge("pr", "-t", "fake", "--fix", fix, "--json").stdout)
+    res = kvforge("pr", "-t", "fake", "--fix", fix, "--repo", str(clone), "--push-to", "fork", "--open", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["opened"] == "https://github.com/vllm-project/vllm/pull/99999"
+    data = json.loads(res.stdout)
+    assert data["opened"] == "https://github.com/vllm-project/vllm/pull/99999"
+    pushed = git(fork, "rev-parse", f"refs/heads/fix/{fix}").strip()
+    assert data["pushed"]["commit"] == pushed and data["pushed"]["upstream_head"] == head
+    # The fork's branch shares history with the upstream branch and holds the fix.
+    assert subprocess.run(["git", "-C", str(fork), "merge-base", "--is-ancestor", head, pushed]).returncode == 0
+    assert git(fork, "rev-list", "--count", f"{head}..{pushed}").strip() == "1"
+    changed = git(fork, "diff", "--name-only", head, pushed).split()
+    assert changed == sorted(read_series(series.root / "patches" / "fake").by_fix_id()[fix].touched_paths)
+    assert git(fork, "log", "-1", "--format=%an <%ae>", pushed).strip() == IDENT
     seen = json.loads(log.read_text())
     argv = seen["argv"]
     body_file = argv[argv.index("--body-file") + 1]
     assert argv == ["pr", "create", "--repo", repo, "--draft", "--title", want["title"], "--body-file", body_file,
-                    *(["--base", base] if base else [])]
-    assert seen["body"] == want["body"]
-    assert not Path(body_file).exists()  # the temporary body file is gone
+                    "--base", "v1", "--head", f"fix/{fix}"]
+    assert seen["body"] == want["body"] and not Path(body_file).exists()
+    assert git(clone, "status", "--porcelain") == "" and "fix/" not in git(clone, "branch", "-a")  # only read
     monkeypatch.setenv("FAKE_GH_FAIL", "1")
-    res = kvforge("pr", "-t", "fake", "--fix", fix, "--style", style, "--open")
+    res = kvforge("pr", "-t", "fake", "--fix", fix, "--repo", str(clone), "--push-to", "fork", "--open")
     assert res.exit_code == 5 and "gh pr create failed (exit 1)" in errline(res)
+
+
+def test_open_reports_a_conflict_and_pushes_nothing(series, tmp_path, monkeypatch):
+    _up, fork, clone, _head = upstream_and_fork(
+        series, tmp_path, {"vllm_like/core.py": ("return max(lo, x)", "return max(lo, x)  # upstream changed it")})
+    log = fake_gh(tmp_path, monkeypatch)
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--repo", str(clone), "--push-to", "fork", "--open")
+    assert res.exit_code == 3, res.output
+    assert "0001-clamp-upper.patch does not apply onto v1" in errline(res) and "vllm_like/core.py" in errline(res)
+    assert git(fork, "for-each-ref").strip() == "" and not log.exists()
+
+
+def test_open_without_upstream_history_refuses_with_the_command(series, tmp_path, monkeypatch):
+    log = fake_gh(tmp_path, monkeypatch)
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--open")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "an import commit with no upstream history" in errline(res)
+    assert "`kvforge pr -t fake --fix clamp-upper --repo CLONE --push-to FORK --open`" in errline(res)
+    assert not log.exists()
 
 
 # ---------------------------------------------------------------- where a PR goes (the real policy)
