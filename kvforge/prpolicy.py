@@ -196,7 +196,7 @@ def _route_in_flight(r: Route, up: Upstream, target, component, patch, status: s
                 where = f", released in {up.display} {main[1].release.version} (target {main[0].name})"
         r.reason = (f"merged upstream as {merged}{' (' + ', '.join(commits) + ')' if commits else ''}"
                     f" on {up.main}{where}; {up.display} takes cherry-picks only into the release in flight "
-                    f"({component.release.package} {component.release.version} is released)")
+                    f"({up.display} {component.release.version} is released)")
         return r
     if component.ref == up.main:
         r.action, r.branch = "pr", up.main

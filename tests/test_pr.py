@@ -737,7 +737,7 @@ def test_the_real_policy_refuses_on_the_fixture_and_style_follows_the_component(
     assert res.exit_code == 2
     assert json.loads(res.stdout)["error"] == (
         "clamp-upper (fake, vllm): no upstream PR: merged upstream as #101 (abc1234) on main; vLLM takes "
-        "cherry-picks only into the release in flight (vllm 0.0.1 is released)")
+        "cherry-picks only into the release in flight (vLLM 0.0.1 is released)")
     res = kvforge("pr", "-t", "fake", "--fix", "fake-factor")
     assert res.exit_code == 2 and "vllm-project/vllm takes new fixes on main only" in errline(res)
     use_fake_policy(series, monkeypatch, "vllm")
