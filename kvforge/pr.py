@@ -758,6 +758,12 @@ def pull_request(ctx, fix_id: str, style: str | None = None, template: Path | No
 
     if style is not None and style not in STYLES:
         raise KvforgeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}", EXIT_USAGE)
+    if not ctx.from_rev:  # the series files: a fix with no upstream PR is refused before any tree is built
+        early = read_series(ctx.component.series_dir).by_fix_id().get(fix_id)
+        way = prpolicy.route(ctx.target, ctx.component, early) if early is not None else None
+        if way is not None and way.action != "pr":
+            raise KvforgeError(f"{fix_id} ({ctx.target.name}, {ctx.component.name}): no upstream PR: {way.reason}",
+                               EXIT_USAGE)
     stack = open_stack(ctx)
     n = next((i for i, p in enumerate(stack.series.patches, 1) if p.fix_id == fix_id), None)
     if n is None:
