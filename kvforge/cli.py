@@ -722,22 +722,28 @@ text_allow_stale_option = click.option(
 @target_option
 @component_option
 @click.option("--fix", "fix_id", required=True, metavar="FIX-ID", help="The Fix-Id of the patch to describe.")
-@click.option("--style", type=click.Choice(["vllm", "vllm-ascend"]), default="vllm", show_default=True,
-              help="vllm: [Tag] title, the base's own PR template; vllm-ascend: [Branch][Module][Action] title, "
-                   "its three-section template.")
+@click.option("--style", type=click.Choice(["vllm", "vllm-ascend"]), default=None,
+              help="Only a check: the style follows the component's upstream (vllm: [Tag] title and the base's own "
+                   "PR template; vllm-ascend: [Branch][Module][Action] title, its three-section template); a "
+                   "different --style is exit 2.")
 @text_template_option
 @text_out_option
 @text_allow_stale_option
 @click.option("--open", "open_in_gh", is_flag=True,
-              help="Hand title and body to `gh pr create --draft` (the GitHub CLI; exit 5 when it is not installed).")
+              help="Open the PR: re-apply the fix onto the upstream branch of your clone (--repo CLONE, git am -3; "
+                   "conflicts are exit 3), push it to --push-to as fix/<FIX-ID>, check the pushed branch, then "
+                   "`gh pr create --draft --base BRANCH --head ...` (exit 5 without gh).")
+@click.option("--push-to", "push_to", metavar="REMOTE|URL",
+              help="With --open: your fork, as a remote name of the --repo clone or a URL; the branch is pushed there.")
 @from_option
 @source_option
 @repo_option
 @json_option
 @click.pass_obj
 @handle_errors
-def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, style: str,
-           template_path: Path | None, out: Path | None, allow_stale: bool, open_in_gh: bool, from_rev: str | None,
+def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, style: str | None,
+           template_path: Path | None, out: Path | None, allow_stale: bool, open_in_gh: bool, push_to: str | None,
+           from_rev: str | None,
            source: str, repo_url: str | None, as_json: bool) -> None:
     """Describe one fix as an upstream pull request: a title, a blank line, the body.
 
@@ -747,16 +753,20 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     newest `kvforge bench prefix-cache` record. Evidence that does not exist is stated, never
     invented; evidence of another series is refused. Every commit the PR carries (the fix and its
     Depends-On) must have Signed-off-by. With --from, the commits of your tree are the series.
-    On a target with several components, --component defaults to the one whose series has the fix;
-    a vllm-ascend title's [Branch] is the release of that component's ref (releases/v0.20.2rc).
+    Where it goes follows each upstream's policy (kvforge/data/upstream-policy.toml): vLLM takes new
+    fixes on main (from the main target's variant) and no backports of merged PRs into a released
+    version; vllm-ascend takes fixes onto main and its maintained releases/* branches. A fix with no
+    upstream PR (Inappropriate, already merged, already on the branch) is refused with the reason
+    (exit 2). Repository, --base branch and style come from the component. On a target with several
+    components, --component defaults to the one whose patch for the fix has a PR route.
     """
-    from . import components, pr, targets
+    from . import pr, prpolicy, targets
 
     gh = pr.find_gh() if open_in_gh else None
     if component is None:
-        component = components.component_of_fix(targets.load_target(target_name), fix_id)
+        component = prpolicy.component_for_pr(targets.load_target(target_name), fix_id)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
-    finish(pr.pr_command(ctx, fix_id, style, template_path, allow_stale, out, gh), as_json)
+    finish(pr.pr_command(ctx, fix_id, style, template_path, allow_stale, out, gh, push_to), as_json)
 
 
 @cli.command("notes", epilog=TEXT_EXIT_HELP)

@@ -33,9 +33,12 @@ and sets the exit code. Rules:
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import traceback
@@ -45,14 +48,13 @@ from pathlib import Path
 
 from jinja2 import (BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound,
                     TemplateSyntaxError)
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, SecurityError
 from packaging.version import InvalidVersion, Version
 
-from . import evidence, gitutil
-from .errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from .fsutil import atomic_write_text
+from . import evidence, gitutil, prpolicy
+from .errors import EXIT_APPLY, EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .outcome import Done
-from .series import read_series
+from .series import author_email, read_series
 from .targets import load_all, project_root
 from .trees import open_stack
 
@@ -139,6 +141,7 @@ class Text:
     evidence: list[EvidenceUsed] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     repo: str = ""  # the GitHub repository (owner/name) a PR is for
+    branch: str = ""  # the upstream branch it is for (prpolicy.route)
 
     @property
     def text(self) -> str:
@@ -151,9 +154,36 @@ class Text:
 
 # ---------------------------------------------------------------- templates
 
+# What a template may produce and build (the sandbox's limits): a PR body is a few KB; these stop a
+# template that would exhaust memory or loop on output before it does.
+MAX_OUTPUT = 1 << 20  # characters of rendered text
+MAX_VALUE = 1 << 20  # items or characters of one value a `*` builds; digits of a `**` result
+
+
+class LimitedSandbox(SandboxedEnvironment):
+    """jinja2's sandbox with `*` and `**` checked before they run: `'x' * 10**10` and `10**10**10`
+    fail as template errors instead of allocating gigabytes or spinning."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and not isinstance(times, bool):
+                    if len(seq) * max(times, 0) > MAX_VALUE:
+                        raise SecurityError(f"the result of * would have {len(seq) * times} items "
+                                            f"(the sandbox allows {MAX_VALUE})")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            digits = right * math.log10(max(abs(left), 2))
+            if digits > MAX_VALUE:
+                raise SecurityError(f"the result of ** would have about {digits:.3g} digits "
+                                    f"(the sandbox allows {MAX_VALUE})")
+        return super().call_binop(context, operator, left, right)
+
+
 def _env(user_template: Path | None = None):
-    """The one jinja2 environment: sandboxed, StrictUndefined, loads only kvforge's templates (and
-    the user's one file)."""
+    """The one jinja2 environment: sandboxed (with size limits), StrictUndefined, loads only
+    kvforge's templates (and the user's one file)."""
 
     class OneFile(BaseLoader):
         def __init__(self, path: Path, text: str):
@@ -172,8 +202,8 @@ def _env(user_template: Path | None = None):
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise KvforgeError(f"--template {user_template}: cannot read: {why}", EXIT_USAGE) from None
         loaders.insert(0, OneFile(Path(user_template), text))
-    env = SandboxedEnvironment(loader=ChoiceLoader(loaders), undefined=StrictUndefined, autoescape=False,
-                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = LimitedSandbox(loader=ChoiceLoader(loaders), undefined=StrictUndefined, autoescape=False,
+                         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(pct=pct, short=lambda c: (c or "")[:12], cell=md_cell, first_line=first_line)
     return env
 
@@ -181,18 +211,29 @@ def _env(user_template: Path | None = None):
 def render_template(name: str, data: dict, user_template: Path | None = None) -> tuple[str, str | None]:
     """Render a template with `data`: (text, the title it sets with `{% set title = ... %}`, if any).
 
-    Any template problem is one line naming the template file and line (EXIT_USAGE)."""
+    Any template problem, at parse time or while rendering (an undefined name, `1/0`, `1+'a'`, a
+    recursive macro, a value or an output over the sandbox's limits), is one line
+    `template FILE:LINE: message` (EXIT_USAGE); nothing of a failed render is returned."""
 
     env = _env(user_template)
     label = str(user_template) if user_template is not None else name
     try:
         tmpl = env.get_template(str(user_template) if user_template is not None else name)
+        context = tmpl.new_context(data)
+        chunks: list[str] = []
+        size = 0
+        chunks_of = tmpl.root_render_func(context)
         try:
-            module = tmpl.make_module(data)
+            for chunk in chunks_of:
+                size += len(chunk)
+                if size > MAX_OUTPUT:  # thrown in at the template's own line, so the error names it
+                    chunks_of.throw(SecurityError(f"the rendered text is over {MAX_OUTPUT} characters "
+                                                  "(the sandbox's limit)"))
+                chunks.append(chunk)
         except Exception:
             env.handle_exception()  # re-raises with the traceback mapped to template lines
-        text = str(module)
-        title = getattr(module, "title", None)
+        text = "".join(chunks)
+        title = context.get_exported().get("title")
     except TemplateSyntaxError as exc:
         where = f"{exc.filename or exc.name or label}:{exc.lineno}"
         raise KvforgeError(f"template {where}: {exc.message}", EXIT_USAGE) from None
@@ -202,6 +243,14 @@ def render_template(name: str, data: dict, user_template: Path | None = None) ->
     except TemplateError as exc:
         what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise KvforgeError(f"template {_where(exc, label)}: {what}", EXIT_USAGE) from None
+    except RecursionError as exc:
+        raise KvforgeError(f"template {_where(exc, label)}: recursion too deep (a macro or include that calls "
+                           "itself without end)", EXIT_USAGE) from None
+    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError, MemoryError) as exc:
+        # A Python error raised by an expression of the template (1/0, 1 + 'a', int('x'), ...).
+        what = str(exc).splitlines()[0] if str(exc) else ""
+        raise KvforgeError(f"template {_where(exc, label)}: {type(exc).__name__}"
+                           + (f": {what}" if what else ""), EXIT_USAGE) from None
     return text, (str(title) if title is not None else None)
 
 
@@ -422,33 +471,54 @@ def drop_when_text(value: str) -> str:
 
 
 def user_facing(patch) -> list[str]:
-    """What a patch adds that a user can set: environment variables (vllm/envs.py), config fields
-    (dataclass fields in vllm/config/), engine arguments (vllm/engine/arg_utils.py)."""
+    """What a patch changes that a user can set or see, found in its diff (test files aside):
+    environment variables (a vllm/envs.py or vllm_ascend/envs.py entry, os.getenv / os.environ),
+    config fields (dataclass fields in vllm/config/), engine arguments (new in vllm/engine/arg_utils.py,
+    or CLI options whose handling the code now changes, named in its added lines) and new errors
+    (`raise X(...)` with their message)."""
     out: list[str] = []
 
     def add(item: str) -> None:
         if item not in out:
             out.append(item)
 
+    options: list[str] = []
     for f in patch.files:
         path = f.path
+        if path.startswith("tests/") or "/tests/" in path or not path.endswith(".py"):
+            continue
         for hunk in f:
             cls = re.match(r"^\s*class (\w+)", hunk.section_header or "")
-            for line in hunk:
-                if not line.is_added:
-                    continue
-                text = line.value.rstrip("\n")
-                if path == "vllm/envs.py":
+            added = [ln.value.rstrip("\n") for ln in hunk if ln.is_added]
+            for i, text in enumerate(added):
+                if path in ("vllm/envs.py", "vllm_ascend/envs.py"):
                     m = re.match(r'^\s*"(VLLM_[A-Z0-9_]+)"\s*:', text)
                     if m:
                         add(f"environment variable `{m.group(1)}`")
-                elif path.startswith("vllm/config/") and cls:
+                for m in re.finditer(r'(?:getenv|environ\.get|environ\[)\(?\s*"(VLLM_[A-Z0-9_]+)"', text):
+                    add(f"environment variable `{m.group(1)}`")
+                if path.startswith("vllm/config/") and cls:
                     m = re.match(r"^    ([a-z][a-z0-9_]*)\s*:\s*[^=]+=", text)
                     if m:
                         add(f"config field `{cls.group(1)}.{m.group(1)}`")
-                elif path == "vllm/engine/arg_utils.py":
+                if path == "vllm/engine/arg_utils.py":
                     for m in re.finditer(r'"(--[a-z0-9][a-z0-9-]+)"', text):
                         add(f"engine argument `{m.group(1)}`")
+                else:
+                    options += re.findall(r"(?<![\w-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)+|--[a-z]{3,})\b", text)
+                m = re.match(r"^\s*raise (\w+(?:Error|Exception))\(\s*(.*)$", text)
+                if m:
+                    parts = [m.group(2)]
+                    for more in added[i + 1:i + 4]:
+                        if parts[-1].rstrip().endswith(")"):
+                            break
+                        parts.append(more)
+                    pieces = re.findall(r'f?"((?:[^"\\]|\\.)*)"', " ".join(parts))
+                    msg = " ".join("".join(pieces).split())
+                    add(f"a new error, `{m.group(1)}: {msg}`" if msg else f"a new error (`{m.group(1)}`)")
+    for opt in dict.fromkeys(options):
+        if f"engine argument `{opt}`" not in out:
+            add(f"the handling of `{opt}` (the patch's own code reads or checks it)")
     return out
 
 
@@ -476,6 +546,11 @@ def check_dco(patches) -> None:
         if not any(re.match(r"^.+ <[^<>\s]+@[^<>\s]+>$", v) for v in p.values("Signed-off-by")):
             raise KvforgeError(f"{p.name} ({p.subject}): no Signed-off-by: trailer; vLLM and vllm-ascend require "
                                "a DCO sign-off on every commit (git commit --amend -s, then export)", EXIT_USAGE)
+        email = author_email(p.author)
+        if email and not any(author_email(v) == email for v in p.values("Signed-off-by")):
+            raise KvforgeError(f"{p.name} ({p.subject}): its author {p.author!r} has no Signed-off-by of their own; "
+                               "the DCO check compares the author with the sign-offs (the author signs off: "
+                               "git commit --amend -s as the author, then export)", EXIT_USAGE)
 
 
 def diffstat(stack, n: int) -> str:
@@ -639,7 +714,9 @@ def _patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str],
         "bugs": [{"url": u, "ref": github_ref(u, repo)} for u in p.values("Bug")],
         "drop_when": p.value("Drop-When") or "", "drop_when_text": drop_when_text(p.value("Drop-When") or ""),
         "depends_on": [{"fix_id": d.fix_id, "name": d.name, "subject": d.subject,
-                        "upstream_status": d.upstream_status} for d in deps],
+                        "upstream_status": d.upstream_status, "status": upstream_status(d.upstream_status)[0],
+                        "status_ref": github_ref(upstream_status(d.upstream_status)[1], repo)
+                        if upstream_status(d.upstream_status)[1].startswith("http") else ""} for d in deps],
         "depends_missing": missing_deps,
         "checks": p.checks, "signed_off_by": p.values("Signed-off-by"),
         "touched": p.touched_paths, "user_facing": user_facing(p),
@@ -675,17 +752,31 @@ def _common(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> 
 
 # ---------------------------------------------------------------- the two products
 
-def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = None,
+def pull_request(ctx, fix_id: str, style: str | None = None, template: Path | None = None,
                  allow_stale: bool = False) -> Text:
     """One fix of ctx's series as a PR title and body (see the module docstring)."""
 
-    if style not in STYLES:
+    if style is not None and style not in STYLES:
         raise KvforgeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}", EXIT_USAGE)
+    if not ctx.from_rev:  # the series files: a fix with no upstream PR is refused before any tree is built
+        early = read_series(ctx.component.series_dir).by_fix_id().get(fix_id)
+        way = prpolicy.route(ctx.target, ctx.component, early) if early is not None else None
+        if way is not None and way.action != "pr":
+            raise KvforgeError(f"{fix_id} ({ctx.target.name}, {ctx.component.name}): no upstream PR: {way.reason}",
+                               EXIT_USAGE)
     stack = open_stack(ctx)
     n = next((i for i, p in enumerate(stack.series.patches, 1) if p.fix_id == fix_id), None)
     if n is None:
         raise _no_such_fix(ctx, stack, fix_id)
     patch = stack.series.patches[n - 1]
+    way = prpolicy.route(ctx.target, ctx.component, patch)
+    if style is not None and style != way.style:
+        raise KvforgeError(f"--style {style}: {ctx.component.name}'s fixes go to {way.repo}, whose style is "
+                           f"{way.style} (the style follows the component; leave --style out)", EXIT_USAGE)
+    if way.action != "pr":
+        raise KvforgeError(f"{fix_id} ({ctx.target.name}, {ctx.component.name}): no upstream PR: {way.reason}",
+                           EXIT_USAGE)
+    style = way.style
     deps, missing_deps = depends_chain(stack.series, patch)
     check_dco([*deps, patch])
     warnings: list[str] = []
@@ -694,13 +785,13 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
     if missing_deps:
         warnings.append(f"{patch.name} depends on {', '.join(missing_deps)}, which this series does not carry")
 
+    repo = way.repo
     if style == "vllm":
         upstream, warning = vllm_template(stack, ctx.component.release.version)
         if warning:
             warnings.append(warning)
-        repo = _github_repo(ctx.component.repo) or "vllm-project/vllm"
     else:
-        upstream, repo = ascend_template(), ASCEND_REPO
+        upstream = ascend_template()
     layout = upstream.layout
     data = _common(ctx, stack, style, layout, upstream)
     data["fix"] = _patch_data(stack, n, repo, deps, missing_deps, _home(ctx))
@@ -725,7 +816,7 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
     if style == "vllm":
         title = vllm_title(patch.subject, patch.kind, layout)
     else:
-        title = ascend_title(patch.subject, patch.kind, ascend_branch(target, ctx.component), patch.touched_paths)
+        title = ascend_title(patch.subject, patch.kind, way.branch.removeprefix("releases/"), patch.touched_paths)
     data["title"] = title
     name = "pr-ascend.md.j2" if style == "vllm-ascend" else f"pr-vllm-{layout}.md.j2"
     body, user_title = render_template(name, data, template)
@@ -733,9 +824,15 @@ def pull_request(ctx, fix_id: str, style: str = "vllm", template: Path | None = 
         title = " ".join(user_title.split())
         if style == "vllm":
             check_vllm_title(title)
+    internal = [i for i, ln in enumerate(f"{title}\n{body}".split("\n"), 1) if "kvforge" in ln.lower()]
+    if internal:
+        warnings.append(f"the PR text names kvforge on {len(internal)} line(s) (first: line {internal[0]}), "
+                        f"which an upstream reader does not know: from the patch ({patch.name}: its message, "
+                        "test file names) or the template; rename or reword them there")
     return Text("pr", target, ctx.component.name, style, layout, title, _tidy(body), stack.base.commit,
                 stack.base.ref, stack.digest, stack.origin, fix_id,
-                str(template) if template is not None else name, upstream.source, used, warnings, repo)
+                str(template) if template is not None else name, upstream.source, used, warnings, repo,
+                way.branch)
 
 
 def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) -> Text:
@@ -761,8 +858,14 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
                                  if r["scenario"] in wanted and r["label"] == r["scenario"]}
     authors: dict[str, list[str]] = {}
     for p in stack.series.patches:
-        authors.setdefault(re.sub(r"\s*<.*>$", "", p.author) or "unknown", []).append(p.subject)
+        # A backport names the upstream change it carries (its upstream author is on that PR).
+        status, detail = upstream_status(p.upstream_status)
+        what = p.subject + (f" (backport of {github_ref(detail, '')})" if status == "Backport" and detail else "")
+        authors.setdefault(re.sub(r"\s*<.*>$", "", p.author) or "unknown", []).append(what)
     data["shortlog"] = [{"author": a, "subjects": s} for a, s in authors.items()]
+    data["base"]["upstream_commit"], data["base"]["version_file"] = upstream_commit(ctx.component, stack.base)
+    data["wheels"] = built_wheels(ctx.cache, target, ctx.component.name, stack.digest, stack.base.commit)
+    data["settings"] = [{"fix_id": f["fix_id"], "item": item} for f in fixes for item in f["user_facing"]]
     data["diffstat"] = diffstat(stack, 0) if stack.size else ""
     title = f"{data['base']['name']} + kvforge series {target} ({stack.digest})"
     data["title"] = title
@@ -770,6 +873,37 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
     return Text("notes", target, ctx.component.name, "notes", "notes", " ".join((user_title or title).split()),
                 _tidy(body), stack.base.commit, stack.base.ref, stack.digest, stack.origin, None,
                 str(template) if template is not None else "notes.md.j2", "", used, warnings)
+
+
+def upstream_commit(comp, base) -> tuple[str, str]:
+    """The upstream commit a base was released from, as its sdist records it (setuptools-scm's
+    `<package>/_version.py`: `__commit_id__ = commit_id = 'gbc150f502'`): (commit, that file), or
+    ('', '') when the base has none (a git base is its upstream commit itself)."""
+    if base.source != "sdist":
+        return base.commit, ""
+    rel = f"{comp.release.package.replace('-', '_')}/_version.py"
+    res = gitutil.run(base.repo, "show", f"{base.commit}:{rel}", check=False)
+    m = re.search(r"""commit_id\s*(?::[^=]*)?=\s*['"]g?([0-9a-f]{7,40})['"]""", res.stdout) if res.returncode == 0 else None
+    return (m.group(1), rel) if m else ("", "")
+
+
+def built_wheels(cache, target: str, component: str, digest: str, base_commit: str) -> list[dict]:
+    """The wheels `kvforge build` made and verified for exactly this series and base, read from its
+    reports (<cache>/builds/<target>/<component>/<digest>/build-<platform>.json, written by
+    kvforge/build.py; read here, never written): file name, sha256, size, platform tag."""
+    out = []
+    for report in sorted((cache.root / "builds" / target / component / digest).glob("build-*.json")):
+        try:
+            doc = json.loads(report.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not (isinstance(doc, dict) and doc.get("ok") and doc.get("filename") and doc.get("sha256")
+                and doc.get("base") == base_commit and doc.get("series") == digest):
+            continue
+        tag = doc["filename"][:-len(".whl")].rsplit("-", 1)[-1] if doc["filename"].endswith(".whl") else ""
+        out.append({"filename": doc["filename"], "sha256": doc["sha256"], "size": doc.get("size", 0),
+                    "platform": tag, "verified_on": report.stem.removeprefix("build-")})
+    return out
 
 
 def _home(ctx) -> str:
@@ -856,20 +990,104 @@ def gh_argv(gh: str, pr: Text, body_file: Path, base_branch: str | None) -> list
 
 
 def base_branch(pr: Text) -> str | None:
-    """The upstream branch a PR targets: main for main; vllm-ascend's releases/<target>; else gh's default."""
-    if pr.target == "main":
-        return "main"
-    if pr.style == "vllm-ascend":
-        return pr.base_ref if pr.base_ref.startswith("releases/") else f"releases/{pr.target}"
-    return None
+    """The upstream branch a PR targets, as the upstream policy routed it (prpolicy.route)."""
+    return pr.branch or None
 
 
-def open_pr(pr: Text, gh: str) -> str:
-    """`gh pr create --draft` with the title and body; returns what gh prints (the PR's URL)."""
+@dataclass
+class Pushed:
+    """The branch `--open` pushed: the fix re-applied on the upstream branch head."""
+
+    remote: str  # where it was pushed (a remote name of the clone, or a URL/path)
+    branch: str  # the branch name there
+    commit: str  # its head
+    upstream_head: str  # the upstream branch head it was applied onto
+    head: str  # what gh's --head gets: owner:branch for a GitHub fork, else the branch
+
+
+def history_refusal(ctx, fix_id: str) -> KvforgeError | None:
+    """--open needs a base with upstream history (a git base); an sdist import commit shares none."""
+    comp = ctx.component
+    if ctx.repo_url and Path(ctx.repo_url).expanduser().is_dir():
+        return None
+    return KvforgeError(
+        f"--open needs your clone of {comp.repo} (--repo CLONE): without it the base is "
+        f"{comp.release.package} {comp.release.version}'s sdist (or a fetch), an import commit with no upstream "
+        "history in a clone of yours, so a branch made on it cannot become a PR; run "
+        f"`kvforge pr -t {target_flag(ctx)} --fix {fix_id} --repo CLONE --push-to FORK --open` with CLONE a clone "
+        f"of {comp.repo} and FORK the remote of your fork in it", EXIT_USAGE)
+
+
+def push_fix(clone: Path, patch, branch: str, push_to: str, name: str, say=None) -> Pushed:
+    """Re-apply `patch` (its format-patch bytes) onto `branch` of the user's clone of the upstream
+    repository with `git am -3`, in a scratch repository (the clone is only read), push the result to
+    `push_to` as `name`, and check what was pushed: it descends from the upstream branch head and holds
+    the fix's change. A conflict is one line naming the files (EXIT_APPLY); nothing is pushed then."""
+    clone = Path(clone).expanduser()
+    head = None
+    for ref in (f"refs/remotes/origin/{branch}", f"refs/remotes/upstream/{branch}", f"refs/heads/{branch}"):
+        res = gitutil.run(clone, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False)
+        if res.returncode == 0:
+            head = res.stdout.strip()
+            break
+    if head is None:
+        raise KvforgeError(f"--repo {clone}: no branch {branch} (as origin/{branch}, upstream/{branch} or a local "
+                           f"branch); fetch it: git -C {clone} fetch origin {branch}", EXIT_USAGE)
+    remote_url = gitutil.run(clone, "remote", "get-url", push_to, check=False)
+    url = remote_url.stdout.strip() if remote_url.returncode == 0 else push_to
+    with tempfile.TemporaryDirectory(prefix="kvforge-open-") as tmp:
+        work = Path(tmp) / "w"
+        gitutil.run(Path(tmp), "init", "-q", str(work))
+        gitutil.run(work, "fetch", "-q", str(clone), head)
+        gitutil.run(work, "checkout", "-q", "--detach", head)
+        if say:
+            say(f"applying {patch.name} onto {branch} ({head[:12]}) with git am -3")
+        # Committer date = author date: the same fix on the same head is the same commit, so a re-run
+        # pushes nothing new.
+        res = gitutil.run(work, "am", "-3", "--keep-cr", "--committer-date-is-author-date", stdin=patch.raw,
+                          check=False)
+        if res.returncode != 0:
+            conflicts = gitutil.run(work, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+            raise KvforgeError(f"{patch.name} does not apply onto {branch} ({head[:12]}) three-way"
+                               + (f": conflicts in {', '.join(conflicts)}" if conflicts else
+                                  f": {(res.stderr.strip().splitlines() or ['git am failed'])[-1]}")
+                               + f"; port it first (kvforge port {patch.fix_id} ...) and export", EXIT_APPLY)
+        commit = gitutil.run(work, "rev-parse", "HEAD").stdout.strip()
+        changed = gitutil.run(work, "diff", "--name-only", head, commit).stdout.split()
+        if not changed:
+            raise KvforgeError(f"{patch.name} changes nothing on {branch} ({head[:12]}): upstream already has it; "
+                               "no PR to open", EXIT_USAGE)
+        there = gitutil.run(work, "ls-remote", url, f"refs/heads/{name}", check=False).stdout.split()
+        if there and there[0] != commit:
+            raise KvforgeError(f"{push_to}: branch {name} exists at {there[0][:12]}, which is not this fix on "
+                               f"{branch} ({commit[:12]}); kvforge does not overwrite it: rename that branch or "
+                               "push to another fork", EXIT_USAGE)
+        if say:
+            say(f"pushing {commit[:12]} to {push_to} as {name}")
+        gitutil.run(work, "push", "-q", url, f"{commit}:refs/heads/{name}")
+        # What the fork now holds: the pushed commit, on top of the upstream head, with the fix in it.
+        got = gitutil.run(work, "ls-remote", url, f"refs/heads/{name}").stdout.split()
+        if not got or got[0] != commit:
+            raise KvforgeError(f"{push_to}: after the push, {name} is {got[0][:12] if got else 'missing'}, "
+                               f"not {commit[:12]}", EXIT_ENV)
+        if gitutil.run(work, "merge-base", "--is-ancestor", head, commit, check=False).returncode != 0:
+            raise KvforgeError(f"{name} does not descend from {branch} ({head[:12]})", EXIT_ENV)
+    owner = None
+    m = re.match(r"^(?:https?://|git@)github\.com[/:]([^/]+)/", url)
+    if m:
+        owner = m.group(1)
+    return Pushed(push_to, name, commit, head, f"{owner}:{name}" if owner else name)
+
+
+def open_pr(pr: Text, gh: str, pushed: Pushed | None = None) -> str:
+    """`gh pr create --draft` with the title and body (and --head, the branch pushed); returns what
+    gh prints (the PR's URL)."""
     with tempfile.TemporaryDirectory(prefix="kvforge-pr-") as tmp:
         body = Path(tmp) / "body.md"
         body.write_text(pr.body, encoding="utf-8")
         argv = gh_argv(gh, pr, body, base_branch(pr))
+        if pushed is not None:
+            argv += ["--head", pushed.head]
         try:
             res = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
         except OSError as exc:
@@ -879,28 +1097,74 @@ def open_pr(pr: Text, gh: str) -> str:
     return res.stdout.strip()
 
 
-def publish(result: Text, out: Path | None, gh: str | None = None) -> Done:
+def write_out(path: Path, text: str) -> None:
+    """Write --out atomically (a temporary file renamed over it). An existing file keeps its
+    permission bits (a 0644 file stays 0644, not the temporary file's 0600); a new one gets the
+    mode the umask allows, as `>` in a shell would. A symlink is followed: its target is replaced."""
+    path = Path(os.path.realpath(path))
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def publish(result: Text, out: Path | None, gh: str | None = None, push=None) -> Done:
     """How `kvforge pr` and `kvforge notes` end: the text on stdout or written to --out (atomically),
-    handed to gh when asked (its URL printed); the evidence warnings on stderr, also when this fails."""
+    handed to gh when asked (after `push()` pushed the branch; its URL printed); the evidence warnings
+    on stderr, also when this fails."""
+    pushed = None
     try:
         if out is not None:
             try:
-                atomic_write_text(out, result.text)
+                write_out(out, result.text)
             except OSError as exc:
                 raise KvforgeError(f"--out {out}: cannot write: {exc.strerror or exc}", EXIT_ENV) from None
-        url = open_pr(result, gh) if gh else None
+        if gh and push is not None:
+            pushed = push()
+        url = open_pr(result, gh, pushed) if gh else None
     except KvforgeError as exc:
         exc.notes = result.warnings + exc.notes
         raise
-    data = {**result.to_json(), "text": result.text, "out": str(out) if out else None, "opened": url}
+    data = {**result.to_json(), "text": result.text, "out": str(out) if out else None, "opened": url,
+            "pushed": asdict(pushed) if pushed else None}
     text = (result.text if out is None else "") + (f"{url}\n" if url else "")
     return Done(data, text, notes=list(result.warnings), aside=f"kvforge: wrote {out}" if out is not None else "")
 
 
-def pr_command(ctx, fix_id: str, style: str, template: Path | None, allow_stale: bool, out: Path | None,
-               gh: str | None) -> Done:
-    """`kvforge pr`: the fix's pull request description, published."""
-    return publish(pull_request(ctx, fix_id, style, template, allow_stale), out, gh)
+def pr_command(ctx, fix_id: str, style: str | None, template: Path | None, allow_stale: bool, out: Path | None,
+               gh: str | None, push_to: str | None = None) -> Done:
+    """`kvforge pr`: the fix's pull request description, published; with gh (--open), first the fix
+    re-applied onto the upstream branch of the --repo clone and pushed to --push-to."""
+    if gh:
+        refusal = history_refusal(ctx, fix_id)
+        if refusal is not None:
+            raise refusal
+        if not push_to:
+            raise KvforgeError("--open needs --push-to FORK: the remote (of the --repo clone) or URL of your fork, "
+                               "where the PR's branch is pushed", EXIT_USAGE)
+    text = pull_request(ctx, fix_id, style, template, allow_stale)
+    push = None
+    if gh and push_to:
+        stack = open_stack(ctx)
+        if stack.base.source != "git":
+            raise KvforgeError(f"--open: the base came from {stack.base.source}, not from --repo's history", EXIT_USAGE)
+        patch = stack.series.by_fix_id()[fix_id]
+        clone = Path(str(ctx.repo_url))
+        push = lambda: push_fix(clone, patch, text.branch, push_to, f"fix/{fix_id}", ctx.say)  # noqa: E731
+    return publish(text, out, gh, push)
 
 
 def notes_command(ctx, template: Path | None, allow_stale: bool, out: Path | None) -> Done:

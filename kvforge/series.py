@@ -293,6 +293,25 @@ def _check_trailers(patch: Patch, block_line: int, bad) -> None:
             bad(t.line, f"Signed-off-by {v!r} must be 'Name <email>'")
     if patch.kind == "fix" and "Checks" not in seen and "Kind" in seen:
         bad(block_line, "Kind fix needs at least one 'Checks:' test that proves it (or say 'Kind: refactor')")
+    _check_author_signoff(patch, seen.get("Signed-off-by", []), block_line, bad)
+
+
+def author_email(ident: str) -> str:
+    """'Name <a@b>' -> 'a@b' (lowercased); '' when there is none."""
+    m = re.search(r"<([^<>\s]+@[^<>\s]+)>\s*$", ident or "")
+    return m.group(1).lower() if m else ""
+
+
+def _check_author_signoff(patch: Patch, signoffs: list[Trailer], block_line: int, bad) -> None:
+    """DCO: the commit author (From:) signs off too; the DCO app compares the author's email with the
+    Signed-off-by lines. A carrier adds their own sign-off after the author's, never instead of it."""
+    email = author_email(patch.author)
+    if not email or not signoffs:
+        return  # a missing From: or Signed-off-by is reported on its own
+    if not any(author_email(t.value) == email for t in signoffs):
+        bad(signoffs[0].line, f"the author {patch.author!r} has no Signed-off-by of their own (DCO: the "
+                              f"author must sign off; add 'Signed-off-by: {patch.author}' if they certified it, "
+                              "or make the From: the person who did)")
 
 
 def _check_status(t: Trailer, bad) -> None:

@@ -206,3 +206,19 @@ def test_unreadable_patch_is_a_problem_not_a_crash(tmp_path):
     (d / "series").write_text("0001-a.patch\n")
     msgs = [str(p) for p in read_series(d).all_problems()]
     assert len(msgs) == 1 and "0001-a.patch" in msgs[0], msgs
+
+
+def test_author_without_a_sign_off_of_their_own_is_a_problem(tmp_path, fake):
+    """DCO: the From: author signs off (a carrier's sign-off is added to theirs, never instead)."""
+    text = patch_text(GOOD_TRAILERS).replace("From: kvforge <kvforge@users.noreply.github.com>", "From: k <k@x>")
+    path = write(tmp_path, "0001-k.patch", text)
+    assert any(":17: the author 'k <k@x>' has no Signed-off-by of their own" in m
+               for m in messages(parse_patch(path))), messages(parse_patch(path))
+    both = text.replace("Signed-off-by: kvforge", "Signed-off-by: k <K@X>\nSigned-off-by: kvforge")
+    assert messages(parse_patch(write(tmp_path, "0002-k.patch", both))) == []
+    # Through the CLI: exit 1, naming the patch and line.
+    series_dir = fake.root / "patches" / "fake"
+    (series_dir / "0001-k.patch").write_text(text)
+    (series_dir / "series").write_text("0001-k.patch\n")
+    res = CliRunner().invoke(main, ["lint"])
+    assert res.exit_code == 1 and "0001-k.patch:17: the author 'k <k@x>'" in res.output

@@ -24,7 +24,7 @@ import pytest
 from helpers import IDENT, git
 from test_verify import CLAMP_FIX, errline, kvforge
 
-from kvforge import evidence, pr
+from kvforge import evidence, pr, prpolicy
 from kvforge.bench.prefix_cache import aggregate, goals
 from kvforge.cache import Cache
 from kvforge.errors import KvforgeError
@@ -127,9 +127,32 @@ def give_base_a_template(fake, template: str | None) -> None:
     fake.base = git(fake.upstream, "rev-parse", "HEAD").strip()
 
 
+# FAKE upstream policies, for the fixture target only (its component `vllm` is on ref v1): v1 is a
+# maintained release branch of the upstream, so its fixes get PRs onto v1. The real policy is
+# tested on the real targets (test_real_routes_*).
+FAKE_POLICY = """\
+# FAKE policy for kvforge's tests
+[upstreams.vllm]
+repo = "{repo}"
+display = "upstream"
+style = "{style}"
+main = "main"
+release_branches = "maintained"
+release_prefix = "v"
+"""
+
+
+def use_fake_policy(fake, monkeypatch, style: str = "vllm") -> None:
+    path = fake.root / f"fake-policy-{style}.toml"
+    repo = "vllm-project/vllm" if style == "vllm" else "vllm-project/vllm-ascend"
+    path.write_text(FAKE_POLICY.format(repo=repo, style=style))
+    monkeypatch.setattr(prpolicy, "POLICY_FILE", path)
+
+
 @pytest.fixture()
 def series(fake, request, monkeypatch):
     """The fixture series on a base with vLLM 0.20.2's PR template (indirect param: another copy or None)."""
+    use_fake_policy(fake, monkeypatch)
     give_base_a_template(fake, getattr(request, "param", "vllm-0.20.2.PULL_REQUEST_TEMPLATE.md"))
     c1 = commit_patch(fake, "0001-clamp-upper", CLAMP_FIX, CLAMP_MSG.format(ident=IDENT), fake.base)
     commit_patch(fake, "0002-fake-factor", FACTOR_FIX, FACTOR_MSG.format(ident=IDENT), c1)
@@ -217,7 +240,10 @@ def test_golden_vllm_v020_layout(series):
     assert "## Purpose" in res.stdout and "## Test Plan" in res.stdout and "## Test Result" in res.stdout
     assert "Essential Elements of an Effective PR Description Checklist" in res.stdout  # the base's checklist
     no_machine_paths(res.stdout, series)
-    assert "warning" not in res.stderr  # current evidence: nothing to warn about
+    assert "evidence" not in res.stderr  # current evidence: nothing to warn about
+    # The fixture's test file is test_kvforge_clamp.py: named in the text, so it is warned about.
+    assert "the PR text names kvforge on" in res.stderr
+    assert "kvforge verify" not in res.stdout and "series" not in res.stdout and "Drop" not in res.stdout
     golden("pr-vllm-purpose.md", res.stdout)
 
 
@@ -234,14 +260,15 @@ def test_golden_vllm_main_layout_follows_the_base_template(series):
     golden("pr-vllm-overview.md", res.stdout)
 
 
-def test_golden_vllm_ascend(series):
+def test_golden_vllm_ascend(series, monkeypatch):
+    use_fake_policy(series, monkeypatch, "vllm-ascend")
     key = key_of(series)
     fixture_verify(series, key)
     fixture_bench(series, key)
-    res = kvforge("pr", "-t", "fake", "--fix", "fake-factor", "--style", "vllm-ascend")
+    res = kvforge("pr", "-t", "fake", "--fix", "fake-factor")
     assert res.exit_code == 0, res.output
     title, _, body = res.stdout.partition("\n\n")
-    assert title == "[fake][Core][BugFix] Read the doubling factor from VLLM_FAKE_FACTOR"
+    assert title == "[v1][Core][BugFix] Read the doubling factor from VLLM_FAKE_FACTOR"
     assert [h for h in body.splitlines() if h.startswith("### ")] == [
         "### What this PR does / why we need it?", "### Does this PR introduce _any_ user-facing change?",
         "### How was this patch tested?"]
@@ -263,6 +290,30 @@ def test_golden_notes(series):
     golden("notes.md", res.stdout)
 
 
+def test_notes_name_the_built_wheels_and_the_user_facing_settings(series):
+    """The wheels come from `kvforge build`'s own report (BuildResult as build writes it), for exactly
+    this series and base; a report of another series is not shown."""
+    from kvforge.build import BuildResult
+
+    key = key_of(series)
+    res = kvforge("notes", "-t", "fake")
+    assert "No wheel built and verified for this series yet" in res.stdout
+    assert "- environment variable `VLLM_FAKE_FACTOR` (fake-factor)" in res.stdout
+    builds = series.cache / "builds" / "fake" / "vllm"
+    for digest, name in ((key.series, "vllm-0.0.1-1_kvforge_x-cp38-abi3-manylinux_2_35_x86_64.whl"),
+                         ("0" * 16, "vllm-0.0.1-1_kvforge_other-cp38-abi3-manylinux_2_35_x86_64.whl")):
+        result = BuildResult("fake", "vllm", "overlay", "0.0.1", base=key.base, series=digest, filename=name,
+                             sha256="ab" * 32, size=123, ok=True)
+        (builds / digest).mkdir(parents=True, exist_ok=True)
+        (builds / digest / "build-cpu.json").write_text(json.dumps(result.to_json(), default=str))
+    res = kvforge("notes", "-t", "fake", "--json")
+    data = json.loads(res.stdout)
+    assert "| `vllm-0.0.1-1_kvforge_x-cp38-abi3-manylinux_2_35_x86_64.whl` | manylinux_2_35_x86_64 | " \
+           f"`{'ab' * 32}` | cpu |" in data["body"]
+    assert "kvforge_other" not in data["body"]
+    assert f"base-commit: {series.base}" in data["body"]  # a git base is the upstream commit itself
+
+
 # ---------------------------------------------------------------- evidence rules
 
 def test_a_changed_evidence_number_changes_the_text(series):
@@ -275,7 +326,7 @@ def test_a_changed_evidence_number_changes_the_text(series):
     fixture_bench(series, key, patched_hits=470, created="2026-11-22T13:00:00.000000+00:00")
     after = kvforge("pr", "-t", "fake", "--fix", "clamp-upper").stdout
     assert after != before
-    assert "7 passed, 0 failed" in before and "8 passed, 0 failed" in after
+    assert "7 passed, 1 skipped, none failed" in before and "8 passed, 1 skipped, none failed" in after
     assert "| external-hit | 20.00% | 48.00% |" in before and "| external-hit | 20.00% | 47.00% |" in after
     assert "2026-11-22 13:00 UTC" in after and "2026-11-22 12:00 UTC" not in after
     # And the before-outcome of a check comes from the record too.
@@ -301,10 +352,10 @@ def test_stale_evidence_is_refused_and_allow_stale_says_so_in_the_text(series):
     assert kvforge("notes", "-t", "fake").exit_code == 4
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--allow-stale")
     assert res.exit_code == 0, res.output
-    assert "> **Stale evidence.** These verify results were recorded for series " \
-           f"`{old.series}`" in res.stdout
-    assert f"not for this series (`{new.series}`" in res.stdout
-    assert "> **Stale evidence.** These bench results" in res.stdout
+    assert "> **Stale results.** These test results were recorded for an earlier version of this change" \
+        in res.stdout
+    assert old.series not in res.stdout and new.series not in res.stdout  # digests are not for upstream
+    assert "> **Stale results.** These replay results" in res.stdout
     assert "using stale verify evidence" in res.stderr
     notes = kvforge("notes", "-t", "fake", "--allow-stale")
     assert notes.exit_code == 0 and "**STALE**" in notes.stdout and "(STALE, another series)" in notes.stdout
@@ -313,8 +364,8 @@ def test_stale_evidence_is_refused_and_allow_stale_says_so_in_the_text(series):
 def test_missing_evidence_is_stated_never_invented(series):
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper")
     assert res.exit_code == 0, res.output
-    assert "**No `kvforge verify` evidence is recorded for this series**" in res.stdout
-    assert "**No `kvforge bench prefix-cache` evidence is recorded for this series**" in res.stdout
+    assert "**No test results are recorded for this change yet**" in res.stdout
+    assert "**No replay results are recorded for this change yet.**" in res.stdout
     assert "proven" not in res.stdout and "passed" not in res.stdout and "Fail-before" not in res.stdout
     assert "warning: no verify evidence" in res.stderr
     # A fix without a bench scenario does not ask for bench evidence.
@@ -337,10 +388,10 @@ def test_real_verify_evidence_feeds_the_pr(series):
     assert "Fail-before 2/2 (1 for a behavioural reason), pass-after 2/2: **proven**" in body
     assert "`AssertionError: assert 5 == 3`" in body or "`assert 5 == 3`" in body  # the real failure before
     reg = report["regression"]
-    assert f"{reg['passed']} passed, {reg['failed']} failed" in body
+    assert reg["failed"] == 0 and f"{reg['passed']} passed, {reg['skipped']} skipped, none failed" in body
     assert data["evidence"][0] == {**data["evidence"][0], "kind": "verify", "state": "current",
                                    "series": report["series"], "record": report["report"]}
-    assert "**No `kvforge bench prefix-cache` evidence" in body  # no bench run: said so
+    assert "**No replay results are recorded for this change yet.**" in body  # no bench run: said so
 
 
 # ---------------------------------------------------------------- inputs and refusals
@@ -374,7 +425,7 @@ def test_from_a_tree_uses_its_commits_and_their_evidence(series, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["evidence"][0]["state"] == "current" and data["origin"].endswith(f"({head[:12]})")
-    assert f"the commits of a tree up to {head[:12]}" in data["body"] and "could not be set" in data["body"]
+    assert f"(commit {head[:12]})" in data["body"] and "could not be set" in data["body"]
     no_machine_paths(data["body"], series)
     assert str(tree) not in data["body"]
     # The series files are another series: their text has no evidence (none was recorded for them).
@@ -471,6 +522,48 @@ def test_user_template_cannot_reach_python_internals_or_files(series, tmp_path, 
     assert res.stdout == "" and "root:" not in res.stderr and "<class" not in res.stderr
 
 
+@pytest.mark.parametrize("body,why", [
+    ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+    ("{{ 1 + 'a' }}", "TypeError: unsupported operand"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion too deep"),
+    ("{{ 'x' * 10**10 }}", "the result of * would have 10000000000 items"),
+    ("{{ [1] * 10**10 }}", "the result of * would have 10000000000 items"),
+    ("{{ 10 ** (10 ** 10) }}", "the result of ** would have about 1e+10 digits"),
+    ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}", "the rendered text is over 1048576 characters"),
+])
+def test_user_template_runtime_errors_are_one_line_file_and_line(series, tmp_path, body, why):
+    """Errors raised while rendering (not only at parse time) are `template FILE:LINE: message`,
+    exit 2, like a syntax error; the sandbox stops a value or an output too big before it is made."""
+    tpl = tmp_path / "runtime.md.j2"
+    tpl.write_text("first line\n" + body + "\n")
+    out = tmp_path / "out.md"
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--template", str(tpl), "--out", str(out))
+    assert res.exit_code == 2, res.output
+    assert errline(res).startswith(f"kvforge: error: template {tpl}:2: ") and why in errline(res), errline(res)
+    assert "Traceback" not in res.output and not out.exists()
+    assert sum(ln.startswith("kvforge: error:") for ln in res.stderr.splitlines()) == 1
+
+
+def test_out_over_an_existing_file_keeps_its_mode(series, tmp_path):
+    out = tmp_path / "pr.md"
+    out.write_text("old\n")
+    out.chmod(0o644)
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.read_text().startswith("[Bugfix]") and (out.stat().st_mode & 0o777) == 0o644
+    out.chmod(0o640)
+    assert kvforge("notes", "-t", "fake", "--out", str(out)).exit_code == 0
+    assert (out.stat().st_mode & 0o777) == 0o640
+    new = tmp_path / "new.md"
+    old_umask = os.umask(0o022)
+    try:
+        assert kvforge("notes", "-t", "fake", "--out", str(new)).exit_code == 0
+    finally:
+        os.umask(old_umask)
+    assert (new.stat().st_mode & 0o777) == 0o644
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 # ---------------------------------------------------------------- --open and gh
 
 def path_with(tmp_path: Path, *tools: str) -> str:
@@ -505,9 +598,29 @@ print("https://github.com/vllm-project/vllm/pull/99999")
 """
 
 
-@pytest.mark.parametrize("style,repo,base", [("vllm", "vllm-project/vllm", None),
-                                             ("vllm-ascend", "vllm-project/vllm-ascend", "releases/fake")])
-def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, style, repo, base):
+def upstream_and_fork(series, tmp_path, moved: dict[str, str]) -> tuple[Path, Path, Path, str]:
+    """A local bare "upstream" repository (a clone of the fixture's, its branch v1 = the base, then one
+    upstream commit with `moved` edits), an empty bare "fork", and the user's clone of upstream with
+    the fork as remote `fork`. Returns (upstream, fork, clone, the upstream branch head)."""
+    up, fork, clone, work = (tmp_path / "upstream.git", tmp_path / "fork.git", tmp_path / "clone",
+                             tmp_path / "up-work")
+    git(tmp_path, "clone", "-q", "--bare", str(series.upstream), str(up))
+    git(up, "branch", "-f", "v1", series.base)
+    git(tmp_path, "clone", "-q", "-b", "v1", str(up), str(work))
+    for rel, (old, new) in moved.items():
+        path = work / rel
+        path.write_text(path.read_text().replace(old, new) if old else new)
+    git(work, "add", "-A")
+    git(work, "commit", "-qm", "upstream moved on")
+    git(work, "push", "-q", "origin", "HEAD:refs/heads/v1")
+    head = git(up, "rev-parse", "refs/heads/v1").strip()
+    git(tmp_path, "init", "-q", "--bare", str(fork))
+    git(tmp_path, "clone", "-q", str(up), str(clone))
+    git(clone, "remote", "add", "fork", str(fork))
+    return up, fork, clone, head
+
+
+def fake_gh(tmp_path, monkeypatch) -> Path:
     bindir = Path(path_with(tmp_path, "git"))
     gh = bindir / "gh"
     gh.write_text(FAKE_GH.format(python=sys.executable))
@@ -515,21 +628,122 @@ def test_open_hands_title_and_body_to_a_fake_gh(series, tmp_path, monkeypatch, s
     log = tmp_path / "gh.json"
     monkeypatch.setenv("PATH", str(bindir))
     monkeypatch.setenv("FAKE_GH_LOG", str(log))
-    expected = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", style, "--json")
-    want = json.loads(expected.stdout)
-    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", style, "--open", "--json")
+    return log
+
+
+@pytest.mark.parametrize("style,repo,fix", [("vllm", "vllm-project/vllm", "clamp-upper"),
+                                            ("vllm-ascend", "vllm-project/vllm-ascend", "fake-factor")])
+def test_open_pushes_the_fix_onto_upstream_history_then_hands_it_to_gh(series, tmp_path, monkeypatch, style,
+                                                                        repo, fix):
+    """Against local bare repositories (never the network): the fix is re-applied onto the upstream
+    branch head, pushed to the fork, checked there, and only then given to a FAKE gh with --base/--head."""
+    use_fake_policy(series, monkeypatch, style)
+    up, fork, clone, head = upstream_and_fork(series, tmp_path, {"README.upstream": ("", "moved on\n")})
+    if fix == "fake-factor":  # it applies on top of clamp-upper: upstream has that one already
+        git(clone, "fetch", "-q", "origin")
+    log = fake_gh(tmp_path, monkeypatch)
+    if fix == "fake-factor":
+        # Upstream's v1 gets clamp-upper first (the fix it depends on), as a merged PR would.
+        work = tmp_path / "up-work"
+        (work / "vllm_like" / "core.py").write_text(git(series.upstream, "show", f"{series.base}:vllm_like/core.py")
+                                                    .replace("return max(lo, x)", "return min(hi, max(lo, x))"))
+        git(work, "commit", "-qam", "upstream clamp")
+        git(work, "push", "-q", "origin", "HEAD:refs/heads/v1")
+        head = git(up, "rev-parse", "refs/heads/v1").strip()
+        git(clone, "fetch", "-q", "origin")
+    want = json.loads(kvforge("pr", "-t", "fake", "--fix", fix, "--json").stdout)
+    res = kvforge("pr", "-t", "fake", "--fix", fix, "--repo", str(clone), "--push-to", "fork", "--open", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["opened"] == "https://github.com/vllm-project/vllm/pull/99999"
+    data = json.loads(res.stdout)
+    assert data["opened"] == "https://github.com/vllm-project/vllm/pull/99999"
+    pushed = git(fork, "rev-parse", f"refs/heads/fix/{fix}").strip()
+    assert data["pushed"]["commit"] == pushed and data["pushed"]["upstream_head"] == head
+    # The fork's branch shares history with the upstream branch and holds the fix.
+    assert subprocess.run(["git", "-C", str(fork), "merge-base", "--is-ancestor", head, pushed]).returncode == 0
+    assert git(fork, "rev-list", "--count", f"{head}..{pushed}").strip() == "1"
+    changed = git(fork, "diff", "--name-only", head, pushed).split()
+    assert changed == sorted(read_series(series.root / "patches" / "fake").by_fix_id()[fix].touched_paths)
+    assert git(fork, "log", "-1", "--format=%an <%ae>", pushed).strip() == IDENT
     seen = json.loads(log.read_text())
     argv = seen["argv"]
     body_file = argv[argv.index("--body-file") + 1]
     assert argv == ["pr", "create", "--repo", repo, "--draft", "--title", want["title"], "--body-file", body_file,
-                    *(["--base", base] if base else [])]
-    assert seen["body"] == want["body"]
-    assert not Path(body_file).exists()  # the temporary body file is gone
+                    "--base", "v1", "--head", f"fix/{fix}"]
+    assert seen["body"] == want["body"] and not Path(body_file).exists()
+    assert git(clone, "status", "--porcelain") == "" and "fix/" not in git(clone, "branch", "-a")  # only read
     monkeypatch.setenv("FAKE_GH_FAIL", "1")
-    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", style, "--open")
+    res = kvforge("pr", "-t", "fake", "--fix", fix, "--repo", str(clone), "--push-to", "fork", "--open")
     assert res.exit_code == 5 and "gh pr create failed (exit 1)" in errline(res)
+
+
+def test_open_reports_a_conflict_and_pushes_nothing(series, tmp_path, monkeypatch):
+    _up, fork, clone, _head = upstream_and_fork(
+        series, tmp_path, {"vllm_like/core.py": ("return max(lo, x)", "return max(lo, x)  # upstream changed it")})
+    log = fake_gh(tmp_path, monkeypatch)
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--repo", str(clone), "--push-to", "fork", "--open")
+    assert res.exit_code == 3, res.output
+    assert "0001-clamp-upper.patch does not apply onto v1" in errline(res) and "vllm_like/core.py" in errline(res)
+    assert git(fork, "for-each-ref").strip() == "" and not log.exists()
+
+
+def test_open_without_upstream_history_refuses_with_the_command(series, tmp_path, monkeypatch):
+    log = fake_gh(tmp_path, monkeypatch)
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--open")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "an import commit with no upstream history" in errline(res)
+    assert "`kvforge pr -t fake --fix clamp-upper --repo CLONE --push-to FORK --open`" in errline(res)
+    assert not log.exists()
+
+
+# ---------------------------------------------------------------- where a PR goes (the real policy)
+
+REAL_ROUTES = {
+    # (target, component, fix): (action, repo, branch, what the reason says)
+    ("v0.20.1", "vllm", "two-phase-kv-alloc"): ("none", "vllm-project/vllm", "", "merged upstream as #44409"),
+    ("v0.20.2rc", "vllm", "swa-reachable-cache-mask"): ("none", "vllm-project/vllm", "", "#42258, #44082"),
+    ("v0.20.2rc", "vllm", "kv-events-token-ids"):
+        ("none", "vllm-project/vllm", "", "send the main variant (kvforge pr -t main --fix kv-events-token-ids)"),
+    ("v0.20.2rc", "vllm", "eagle-lookahead-block-hashes"): ("none", "vllm-project/vllm", "", "released in vLLM 0.33.0"),
+    ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-compressed-prefix-lookup"):
+        ("none", "vllm-project/vllm-ascend", "", "already on releases/v0.20.2rc as #10298"),
+    ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-block-size"):
+        ("pr", "vllm-project/vllm-ascend", "releases/v0.20.2rc", ""),
+    ("v0.20.2rc", "vllm-ascend", "two-phase-kv-alloc"): ("none", "vllm-project/vllm-ascend", "", "Inappropriate"),
+    ("v0.20.2rc", "vllm-ascend", "kv-events-token-ids"): ("none", "vllm-project/vllm-ascend", "", "Inappropriate"),
+    ("main", "vllm", "kv-events-token-ids"): ("pr", "vllm-project/vllm", "main", ""),
+}
+
+
+def test_real_routes_follow_each_upstreams_policy():
+    """Every fix of every real target/component (the repository's own targets/ and patches/) gets a route:
+    a PR for the right repository and branch, or none with the reason."""
+    routes = prpolicy.plan()
+    got = {(r.target, r.component, r.fix_id): r for r in routes}
+    assert len(got) == len(routes) >= 18
+    for key, (action, repo, branch, why) in REAL_ROUTES.items():
+        r = got[key]
+        assert (r.action, r.repo, r.branch) == (action, repo, branch), (key, r)
+        assert why in r.reason, (key, r.reason)
+    assert all(r.reason for r in routes if r.action == "none")
+    assert [k for k, r in got.items() if r.action == "pr"] == [
+        ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-block-size"), ("main", "vllm", "kv-events-token-ids")]
+    # No PR from a release target of vLLM, and every Inappropriate patch is refused.
+    assert not [r for r in routes if r.repo == "vllm-project/vllm" and r.target != "main" and r.action == "pr"]
+
+
+def test_the_real_policy_refuses_on_the_fixture_and_style_follows_the_component(series, monkeypatch):
+    monkeypatch.setattr(prpolicy, "POLICY_FILE", prpolicy.Path(pr.__file__).parent / "data" / "upstream-policy.toml")
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--json")
+    assert res.exit_code == 2
+    assert json.loads(res.stdout)["error"] == (
+        "clamp-upper (fake, vllm): no upstream PR: merged upstream as #101 (abc1234) on main; vLLM takes "
+        "cherry-picks only into the release in flight (vLLM 0.0.1 is released)")
+    res = kvforge("pr", "-t", "fake", "--fix", "fake-factor")
+    assert res.exit_code == 2 and "vllm-project/vllm takes new fixes on main only" in errline(res)
+    use_fake_policy(series, monkeypatch, "vllm")
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--style", "vllm-ascend")
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "--style vllm-ascend: vllm's fixes go to vllm-project/vllm, whose style is vllm" in errline(res)
 
 
 # ---------------------------------------------------------------- units
@@ -607,9 +821,10 @@ def test_commit_message_becomes_markdown():
 # ---------------------------------------------------------------- the real series on the real base
 
 @pytest.mark.slow
-def test_every_real_v0202_fix_gets_a_description_in_both_styles(project, base_v0202):
-    """The real v0.20.2rc patches on the real vLLM 0.20.2 base (its own PR template); no evidence in
-    this test cache, so each text says so."""
+def test_every_real_v0202_fix_is_routed_and_renders_in_both_styles(project, base_v0202, monkeypatch):
+    """The real v0.20.2rc patches on the real vLLM 0.20.2 base (its own PR template): the real policy
+    refuses each (vLLM takes no backports into a released version), with the reason; under a FAKE
+    maintained-branch policy each renders in both styles. No evidence in this test cache: said so."""
     _cache, base = base_v0202
     # The session cache is shared: evidence other tests recorded for target t is set aside here.
     results = _cache.results / "t"
@@ -617,14 +832,14 @@ def test_every_real_v0202_fix_gets_a_description_in_both_styles(project, base_v0
     if results.exists():
         results.rename(aside)
     try:
-        _real_fixes_get_descriptions(project, base)
+        _real_fixes_get_descriptions(project, base, monkeypatch)
     finally:
         shutil.rmtree(results, ignore_errors=True)
         if aside.exists():
             aside.rename(results)
 
 
-def _real_fixes_get_descriptions(project, base):
+def _real_fixes_get_descriptions(project, base, monkeypatch):
     from kvforge import gitutil
     from kvforge.targets import project_root
 
@@ -639,15 +854,30 @@ def _real_fixes_get_descriptions(project, base):
     fixes = [p.fix_id for p in read_series(project / "patches" / "t").patches]
     assert fixes
     for fix_id in fixes:
-        for style in ("vllm", "vllm-ascend"):
-            res = kvforge("pr", "-t", "t", "--fix", fix_id, "--style", style, "--json")
+        res = kvforge("pr", "-t", "t", "--fix", fix_id, "--json")
+        assert res.exit_code == 2, res.output
+        error = json.loads(res.stdout)["error"]
+        assert error.startswith(f"{fix_id} (t, vllm): no upstream PR: "), error
+        assert ("merged upstream as #" in error) or ("takes new fixes on main only" in error), error
+    for style in ("vllm", "vllm-ascend"):
+        policy = project / f"fake-policy-{style}.toml"  # FAKE: t's v0.20.2 as a maintained branch
+        policy.write_text(FAKE_POLICY.format(repo="vllm-project/vllm" if style == "vllm" else
+                                             "vllm-project/vllm-ascend", style=style))
+        monkeypatch.setattr(prpolicy, "POLICY_FILE", policy)
+        for fix_id in fixes:
+            if style == "vllm-ascend" and read_series(project / "patches" / "t").by_fix_id()[fix_id] \
+                    .upstream_status.startswith("Backport [https://github.com/vllm-project/vllm/"):
+                continue  # a vLLM backport: no vllm-ascend PR (tested on the fixture)
+            res = kvforge("pr", "-t", "t", "--fix", fix_id, "--json")
             assert res.exit_code == 0, res.output
             data = json.loads(res.stdout)
             if style == "vllm":
                 assert pr.VLLM_TITLE_RE.match(data["title"]) and data["layout"] == "purpose"
                 assert data["upstream_template"].startswith(".github/PULL_REQUEST_TEMPLATE.md of v0.20.2")
+                assert data["branch"] == "v0.20.2"
             else:
-                assert data["title"].startswith("[t][Core][BugFix] ")
-            assert "No `kvforge verify` evidence is recorded" in data["body"]
+                assert data["title"].startswith("[v0.20.2][Core][BugFix] ")
+            assert "No test results are recorded for this change yet" in data["body"]
+            assert "kvforge verify" not in data["body"] and "Drop when" not in data["body"]
     res = kvforge("notes", "-t", "t")
     assert res.exit_code == 0 and res.stdout.count("\n### ") == len(fixes)
