@@ -257,13 +257,20 @@ def test_an_unusable_cache_is_exit_5(fake, monkeypatch, tmp_path, how):
         (tmp_path / "afile").write_text("")
         monkeypatch.setenv("KVFORGE_CACHE", str(tmp_path / "afile" / "cache"))
     else:
-        if os.geteuid() == 0:
-            pytest.skip("root writes into a read-only directory")  # not counted: the other case runs
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
+        # root writes into a read-only directory: immutable (chattr +i) refuses root too, where it exists
+        immutable = os.geteuid() == 0 and shutil.which("chattr") is not None and \
+            subprocess.run(["chattr", "+i", str(ro)], capture_output=True).returncode == 0
+        if os.geteuid() == 0 and not immutable:
+            pytest.skip("root writes into a read-only directory and chattr +i is not available")  # not counted
         monkeypatch.setenv("KVFORGE_CACHE", str(ro))
-    r = kvforge("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream))
+    try:
+        r = kvforge("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream))
+    finally:
+        if how == "read-only" and os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(tmp_path / "ro")], check=True)
     assert r.exit_code == 5 and one_line(r) and "cache" in r.stderr, r.output
 
 
