@@ -738,20 +738,20 @@ def _tx(d: Path, say: Progress) -> seriesdir.Transaction:
     return seriesdir.Transaction(d, say, "pick", lint_directory, display_path)
 
 
-def recover(root: Path, say: Progress) -> bool:
+def recover(root: Path, say: Progress) -> dict[str, Any] | None:
     """Finish a write a kill interrupted (a journal is there: roll forward, and the stopped pick's state it
-    wrote is removed), else roll staged leftovers back. True when it finished one."""
+    wrote is removed), else roll staged leftovers back. The finished write's summary, or None."""
     journal = _journal(root)
     patches = root / "patches"
     candidates = sorted({patches / n.split(".kvforge-")[0].lstrip(".") for n in os.listdir(patches)
                          if n.startswith(".") and ".kvforge-" in n and n != JOURNAL}) if patches.is_dir() else []
     if not journal.exists() and not candidates:
-        return False
+        return None
     with _locked([patches / "x"], say):
         if not journal.exists():
             for d in candidates:
                 _tx(d, say).recover()
-            return False
+            return None
         data = json.loads(journal.read_text(encoding="utf-8"))
         for d, files in data["dirs"].items():
             new = {n: base64.b64decode(b) for n, b in files.items()}
@@ -763,7 +763,7 @@ def recover(root: Path, say: Progress) -> bool:
             Path(data["state"]).unlink(missing_ok=True)
         journal.unlink()
         say("finished a pick that was interrupted while writing")
-        return True
+        return dict(data.get("summary") or {})
 
 
 def _write_dir(d: Path, files: dict[str, bytes], keep: list[str], say: Progress, staged_ok: bool) -> None:
@@ -781,7 +781,8 @@ def _write_dir(d: Path, files: dict[str, bytes], keep: list[str], say: Progress,
     tx.commit()
 
 
-def commit_all(root: Path, plan: Plan, digests: dict[str, str], say: Progress, state: Path | None = None) -> list[str]:
+def commit_all(root: Path, plan: Plan, digests: dict[str, str], say: Progress, state: Path | None = None,
+               summary: dict[str, Any] | None = None) -> list[str]:
     """Write every series directory and target file of `plan`, all or nothing (the module docstring)."""
     if not plan.dirs and not plan.targets:
         return []
@@ -801,7 +802,8 @@ def commit_all(root: Path, plan: Plan, digests: dict[str, str], say: Progress, s
             txs.append(tx)
         crashpoint("pick:all-staged")
         doc = {"dirs": {d: {n: base64.b64encode(b).decode() for n, b in f.items()} for d, f in plan.dirs.items()},
-               "keep": plan.keep, "targets": plan.targets, "state": str(state) if state else None}
+               "keep": plan.keep, "targets": plan.targets, "state": str(state) if state else None,
+               "summary": summary or {}}
         atomic_write_bytes(_journal(root), json.dumps(doc).encode())
         crashpoint("pick:journal-written")
         for tx in txs:
@@ -873,9 +875,13 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
     root = project_root()
     spath = state_path(cache, root)
     with file_lock(spath.parent.parent / f"{spath.parent.name}.lock", progress, "the pick state"):
-        if not dry_run:
-            recover(root, progress)
+        finished = None if dry_run else recover(root, progress)
         state = _load_state(spath)
+        if finished and state is None and action == "continue":
+            res = PickResult(finished.get("fix_id", "?"), finished.get("source", "?"), finished.get("subject", ""),
+                             finished.get("upstream", {}), [Row(**r) for r in finished.get("rows", [])], "written")
+            res.notes = ["an interrupted write of this pick was finished now"]
+            return res
         if action == "abort":
             if state is None:
                 raise KvforgeError("no pick in progress", EXIT_USAGE)
@@ -950,7 +956,9 @@ def _finish(cache: Cache, root: Path, spath: Path, result: PickResult, dry_run: 
             [display_path(Path(d)) for d in plan.dirs] + [display_path(Path(t)) for t in plan.targets]) or "nothing"))
         return result
     t0 = time.monotonic()
-    result.written = commit_all(root, plan, digests, progress, spath)
+    summary = {"fix_id": result.fix_id, "source": result.source, "subject": result.subject,
+               "upstream": result.upstream, "rows": [r.public() for r in rows]}
+    result.written = commit_all(root, plan, digests, progress, spath, summary)
     result.seconds["write"] = round(time.monotonic() - t0, 3)
     result.seconds["total"] = round(time.monotonic() - start, 3)
     result.status = "written" if result.written else "nothing to write"
