@@ -385,6 +385,7 @@ class Row:
     prerequisites: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     proof: str = "-"
+    seconds: float = 0.0  # what the upstream signals cost on this target
     data: str | None = None  # base64 of the patch file to write
 
     @property
@@ -438,7 +439,9 @@ def decide_row(ctx: Context, change: Change, fix_id: str, signoff: str, work: Pa
     patch_file.write_bytes(raw)
     patch = parse_patch(patch_file, raw)
     nb = upstream.new_base_info(base, comp)
+    t0 = time.monotonic()
     signals = upstream.gather(nb, patch, None)
+    row.seconds = round(time.monotonic() - t0, 3)
     row.signals = [asdict(s) for s in signals if s.fired is not None or s.name in ("reverse-apply", "drop-when")]
     decision, reason = upstream.decide(signals)
     if decision == "upstream":
@@ -924,6 +927,7 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
         finally:
             shutil.rmtree(work, ignore_errors=True)
         result.seconds["decide"] = round(time.monotonic() - t0, 3)
+        result.seconds["signals"] = round(sum(r.seconds for r in result.rows), 3)
         return _finish(cache, root, spath, result, dry_run, progress, start)
 
 

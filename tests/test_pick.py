@@ -314,7 +314,9 @@ def _rows(res) -> dict[str, dict]:
 
 
 def _changed(root: Path) -> list[str]:
-    return _git(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, check=True,
+                         capture_output=True, text=True).stdout
+    return out.splitlines()
 
 
 @pytest.mark.slow
