@@ -23,14 +23,18 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from kvforge import pick
+from kvforge.bases import download_sdist
+from kvforge.cache import Cache, default_cache_dir
 from kvforge.cli import main
 from kvforge.series import lint_directory, parse_patch, read_series
+from kvforge.targets import Release, load_target
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -246,17 +250,11 @@ def _commit(repo: Path, files: dict[str, bytes], parent: str | None, message: st
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
     """The source repository (see the module docstring) and the sdists' paths."""
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache, default_cache_dir
-    from kvforge.targets import Release
-
     user = Cache(default_cache_dir())
     sdists = {}
     for v, target in (("0.20.1", "v0.20.1"), ("0.20.2", "v0.20.2rc"), ("0.33.0", "main"), ("0.21.0", None)):
         comp = load_comp(target) if target else load_comp("v0.20.2rc")
         if target is None:  # 0.21.0 is no target's release: same package, its own file
-            from dataclasses import replace
-
             comp = replace(comp, release=Release("vllm", "0.21.0", None))
         sdists[v] = download_sdist(comp, user, print)
     repo = tmp_path_factory.mktemp("upstream") / "vllm"
@@ -278,8 +276,6 @@ def upstream(tmp_path_factory):
 
 
 def load_comp(target: str):
-    from kvforge.targets import load_target
-
     return load_target(target, REPO_ROOT).component()
 
 
@@ -419,3 +415,32 @@ def test_pick_conflict_left_in_a_tree_continue_writes_and_survives_kills(picking
     resolved = (root / "patches/v0.20.1/0006-full-sequence-must-fit.patch").read_text()
     assert "can_fit_full_sequence" in resolved and "full_sequence_must_fit" in resolved
     assert kvforge("pick", "--continue").exit_code == 2  # nothing in progress any more
+
+
+# Resolved at import, before fixtures point $KVFORGE_CACHE at a throw-away cache (as tests/test_verify_slow.py).
+TEST_ENVS = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "envs")
+
+
+@pytest.mark.slow
+def test_pick_verify_proves_the_picked_patch(picking, upstream, session_cache, monkeypatch):
+    """--verify on v0.20.1 with its series emptied and its CPU selection cut to the picked test's module
+    (the CI budget): #41282's new test fails on 0.20.1 and passes with the pick."""
+    root = picking
+    TEST_ENVS.mkdir(parents=True, exist_ok=True)
+    if not (session_cache.root / "envs").exists():
+        (session_cache.root / "envs").symlink_to(TEST_ENVS, target_is_directory=True)
+    monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
+    for f in (root / "patches" / "v0.20.1").glob("*.patch"):
+        f.unlink()
+    (root / "patches" / "v0.20.1" / "series").write_text("")
+    toml = root / "targets" / "v0.20.1.toml"
+    text = toml.read_text()
+    start = text.index("cpu = [")
+    end = text.index("]\n", start) + 2
+    toml.write_text(text[:start] + 'cpu = ["tests/v1/core/test_single_type_kv_cache_manager.py"]\n' + text[end:])
+    res = kvforge("pick", "--repo", str(upstream["repo"]), "v0.20.2", "--fix-id", "swa-admission-cap",
+                  "--target", "v0.20.1", "--verify", "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = _rows(res).values()
+    assert (row["verdict"], row["proof"]) == ("applies", "proven")
+    assert read_series(root / "patches" / "v0.20.1").patches[-1].fix_id == "swa-admission-cap"
