@@ -422,9 +422,11 @@ TEST_ENVS = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "e
 
 
 @pytest.mark.slow
-def test_pick_verify_proves_the_picked_patch(picking, upstream, session_cache, monkeypatch):
+def test_pick_verify_runs_verify_and_writes_nothing_unproven(picking, upstream, session_cache, monkeypatch):
     """--verify on v0.20.1 with its series emptied and its CPU selection cut to the picked test's module
-    (the CI budget): #41282's new test fails on 0.20.1 and passes with the pick."""
+    (the CI budget). #41282's test is a function added to an existing module; kvforge verify overlays only
+    new test files onto the tree before a patch, so before the pick the test is "not in this tree" and
+    verify will not call the patch proven: the pick says so, exits 4 and writes nothing."""
     root = picking
     TEST_ENVS.mkdir(parents=True, exist_ok=True)
     if not (session_cache.root / "envs").exists():
@@ -438,9 +440,11 @@ def test_pick_verify_proves_the_picked_patch(picking, upstream, session_cache, m
     start = text.index("cpu = [")
     end = text.index("]\n", start) + 2
     toml.write_text(text[:start] + 'cpu = ["tests/v1/core/test_single_type_kv_cache_manager.py"]\n' + text[end:])
+    _git(root, "commit", "-qam", "v0.20.1: no series, one test module")
     res = kvforge("pick", "--repo", str(upstream["repo"]), "v0.20.2", "--fix-id", "swa-admission-cap",
                   "--target", "v0.20.1", "--verify", "--json")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 4, res.output
     (row,) = _rows(res).values()
-    assert (row["verdict"], row["proof"]) == ("applies", "proven")
-    assert read_series(root / "patches" / "v0.20.1").patches[-1].fix_id == "swa-admission-cap"
+    assert row["verdict"] == "applies" and row["proof"].startswith("failed: ")
+    assert "test_predictor_matches_allocator_blocks_calculation_with_admission_cap: not in this tree" in row["proof"]
+    assert json.loads(res.stdout)["status"] == "verify failed" and _changed(root) == []
