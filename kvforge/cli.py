@@ -695,6 +695,66 @@ def port_cmd(cache: Cache, fix_id: str, to_target: str, from_target: str | None,
     finish(port.port(ctx, fix_id, from_target, into), as_json)
 
 
+@cli.command("pick", epilog="""\b
+Exit codes:
+   0  every target present, carried or picked (and proven, with --verify); the series written
+   2  bad input: SOURCE, an option, a tree in the way, a pick already in progress
+   3  a target conflicts, needs a prerequisite or its signals disagree: nothing written, the
+      state kept for --continue (trees left at the conflict)
+   4  --verify: a picked patch is not proven: nothing written
+   6  a PR could not be fetched (offline: download pull/N.patch and pick the file)""")
+@click.argument("source", required=False, metavar="SOURCE")
+@click.option("--repo", "repo_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="SOURCE is a commit (or A..B, picked as one change) of this local clone.")
+@click.option("--target", "-t", "targets", multiple=True, metavar="NAME",
+              help="Pick into this target (repeatable) [default: every target with the change's component].")
+@click.option("--component", metavar="NAME", help="The change's component [default: from the repository: vllm].")
+@click.option("--fix-id", metavar="ID", help="The Fix-Id [default: a slug of the subject].")
+@click.option("--signoff", metavar="'NAME <EMAIL>'", help="The carrier's Signed-off-by [default: git's user].")
+@click.option("--into", "tree_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Where conflict trees are made [default: the current directory].")
+@click.option("--exclude", multiple=True, metavar="TARGET", help="Leave this target out (with --continue too).")
+@click.option("--dry-run", is_flag=True, help="Print the verdicts; write nothing, leave no tree.")
+@click.option("--verify", is_flag=True, help="Prove the picked patch on each target where it applies (kvforge "
+                                              "verify); nothing is written unless every one is proven.")
+@click.option("--continue", "do_continue", is_flag=True, help="Take the resolved trees into the series and write.")
+@click.option("--abort", "do_abort", is_flag=True, help="Forget a stopped pick (patches/, targets/ and your trees "
+                                                        "stay as they are).")
+@click.option("--source", "source_policy", type=click.Choice(["auto", "git", "sdist"]), default="auto",
+              show_default=True, help="Where the targets' bases come from (as for the other commands).")
+@json_option
+@click.pass_obj
+@handle_errors
+def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: tuple[str, ...],
+             component: str | None, fix_id: str | None, signoff: str | None, tree_dir: Path | None,
+             exclude: tuple[str, ...], dry_run: bool, verify: bool, do_continue: bool, do_abort: bool,
+             source_policy: str, as_json: bool) -> None:
+    """Pick one upstream change into every target's series, with a verdict per target.
+
+    \b
+    SOURCE: a commit or range A..B of a clone (--repo DIR REV), a git format-patch /
+    mbox file of one message (GitHub's pull/N.patch), or a vLLM / vllm-ascend PR
+    number or URL (online only).
+    Verdicts: present (the base has it: reverse-apply, Drop-When from the first
+    release containing it, ancestry; never on one weak signal), carried (same
+    Fix-Id or patch-id), applies, applies (3-way), conflict, needs prerequisite,
+    disagree. A conflict leaves a tree of yours at it (./<component>-<target>-pick-<fix>);
+    resolve, `git add`, `kvforge pick --continue`. Nothing in patches/ or targets/
+    changes until every target is decided; then all of them change in one step
+    (present targets get an in_base entry). See docs/pick.md.
+    """
+    from . import pick
+
+    if do_continue and do_abort:
+        raise KvforgeError("--continue and --abort exclude each other", EXIT_USAGE)
+    if (do_continue or do_abort) and source:
+        raise KvforgeError("--continue / --abort take no SOURCE", EXIT_USAGE)
+    action = "continue" if do_continue else "abort" if do_abort else "start"
+    finish(pick.pick(cache, source, repo_dir=repo_dir, targets=list(targets) or None, component=component,
+                     fix_id=fix_id, dry_run=dry_run, verify=verify, exclude=list(exclude), action=action,
+                     signoff=signoff, tree_dir=tree_dir, base_source=source_policy, progress=progress), as_json)
+
+
 # ---------------------------------------------------------------- pr, notes (kvforge/pr.py)
 
 TEXT_EXIT_HELP = """\b

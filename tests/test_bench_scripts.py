@@ -62,7 +62,8 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> str:
 
 
 def test_every_script_has_a_smoke_run():
-    tested = {"apply_vs_git_am.py", "build_vs_cp.py", "kv_event_shapes.py", "rebase_vs_git_rebase.py"}
+    tested = {"apply_vs_git_am.py", "build_vs_cp.py", "kv_event_shapes.py", "pick_vs_cherry_pick.py",
+              "rebase_vs_git_rebase.py"}
     assert set(SCRIPTS) == tested, "a new bench/ script needs its smoke run here"
 
 
@@ -85,6 +86,13 @@ def test_rebase_vs_git_rebase(cache):
                str(cache.root)], environ(cache))
     assert re.search(r"^series\s+patches\s+onto\s+verdicts\s+git rebase \(s\)", out, re.M), out
     assert re.search(r"^ours\s+\d+\s+0\.20\.2\s", out, re.M) and re.search(r"^forward\s+\d+\s+0\.33\.0\s", out, re.M)
+
+
+def test_pick_vs_cherry_pick(cache):
+    out = run([sys.executable, str(BENCH / "pick_vs_cherry_pick.py"), "--repeat", "1", "--cache-dir",
+               str(cache.root)], environ(cache))
+    assert re.search(r"^kvforge pick\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+applies\s+present\s+present$", out, re.M), out
+    assert re.search(r"^git cherry-pick -x\s+[\d.]+\s", out, re.M) and "ratio kvforge/by hand" in out, out
 
 
 def test_kv_event_shapes(cache, tmp_path):
