@@ -158,7 +158,9 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
     root.mkdir()
     subprocess.run(["tar", "x"], cwd=root, input=archive, check=True)
     new_patch = pick.annotated(pick.Change("x", DIFF, "[Core] Fix it (#41282)", "Why.", "U <u@s.io>", "Fri, 8 May 2026 "
-                                           "12:00:00 +0000", "vllm", ["a" * 40]), "fix-it", ["t.py::test_a"],
+                                           "12:00:00 +0000", "vllm", ["a" * 40],
+                                           signoffs=["Signed-off-by: U <u@s.io>"]),  # upstream's DCO sign-off
+                               "fix-it", ["t.py::test_a"],
                                "C <c@example.com>")
     dirs = {}
     for t in ("v0.20.1", "v0.20.2rc"):
