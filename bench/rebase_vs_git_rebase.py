@@ -94,8 +94,11 @@ def time_kvforge(project: Path, cache: Path, target: str, onto: str, as_name: st
 
 
 def make_project(root: Path, name: str, template: str, patches: list[Path]) -> None:
+    """A project with target `name`: the template target's vllm component (its first; v0.20.2rc's vllm-ascend is
+    left out: `rebase --as` makes one-component targets) with `patches` as its series."""
     (root / "targets").mkdir(parents=True, exist_ok=True)
     src = (ROOT / "targets" / f"{template}.toml").read_text()
+    src = "[[components]]".join(src.split("[[components]]")[:2])
     (root / "targets" / f"{name}.toml").write_text(
         src.replace(f'name = "{template}"', f'name = "{name}"').replace(f"patches/{template}", f"patches/{name}"))
     d = root / "patches" / name
