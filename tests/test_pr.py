@@ -726,7 +726,11 @@ def test_real_routes_follow_each_upstreams_policy():
         assert why in r.reason, (key, r.reason)
     assert all(r.reason for r in routes if r.action == "none")
     assert [k for k, r in got.items() if r.action == "pr"] == [
-        ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-block-size"), ("main", "vllm", "kv-events-token-ids")]
+        ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-block-size"),
+        ("v0.20.2rc", "vllm-ascend", "ascend-dsv4-partial-hash-hits"),  # Pending: our own vllm-ascend fix
+        ("main", "vllm", "kv-events-token-ids")]
+    partial = got[("v0.20.2rc", "vllm-ascend", "ascend-dsv4-partial-hash-hits")]
+    assert (partial.repo, partial.branch) == ("vllm-project/vllm-ascend", "releases/v0.20.2rc")
     # No PR from a release target of vLLM, and every Inappropriate patch is refused.
     assert not [r for r in routes if r.repo == "vllm-project/vllm" and r.target != "main" and r.action == "pr"]
 
