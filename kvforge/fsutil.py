@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `path` as a temporary sibling renamed over it; `mode`: its permission bits (default: mkstemp's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -29,8 +32,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 @contextlib.contextmanager

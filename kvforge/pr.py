@@ -53,6 +53,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import evidence, gitutil, prpolicy
 from .errors import EXIT_APPLY, EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .fsutil import atomic_write_text
 from .outcome import Done
 from .series import author_email, read_series
 from .targets import load_all, project_root
@@ -1108,17 +1109,7 @@ def write_out(path: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), mode)
-            fh.write(text.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text, mode)
 
 
 def publish(result: Text, out: Path | None, gh: str | None = None, push=None) -> Done:
