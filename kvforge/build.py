@@ -78,7 +78,7 @@ from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE
 from .fsutil import atomic_write_text, remove_stale, sha256_file
 from .outcome import Done
 from .platforms import require_available
-from .targets import Component, WheelPin
+from .targets import ARCHES, Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
 from .trees import open_stack, resolve_from
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
@@ -189,9 +189,6 @@ def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
                            EXIT_NETWORK)
     url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
     return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
-
-
-ARCHES = ("x86_64", "aarch64")  # the platforms a deployment installs vLLM's release wheels on
 
 
 def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:

@@ -59,9 +59,18 @@ class Component:
     platforms: tuple[str, ...]
     tests: dict[str, tuple[str, ...]]
     in_base: tuple[InBase, ...] = ()
-    wheel: "WheelPin | None" = None  # [components.wheel]: the release wheel `kvforge build` overlays
+    wheels: "tuple[WheelPin, ...]" = ()  # [[components.wheels]]: the release wheels `kvforge build` overlays
     requires: str | None = None  # an earlier component whose patched tree this one's tests import
     standins: tuple[str, ...] = ()  # [components.tests] standins: modules its CPU tests may stand in for
+
+    def wheel_for(self, arch: str) -> "WheelPin | None":
+        """The first pinned release wheel for a machine architecture (x86_64, aarch64), or None."""
+        return next((w for w in self.wheels if w.arch == arch), None)
+
+    @property
+    def wheel(self) -> "WheelPin | None":
+        """The x86_64 release wheel (the one `kvforge build` overlays on this kind of machine), or None."""
+        return self.wheel_for("x86_64")
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,7 @@ MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")  
 
 KEYS = {
     "target": ("name", "description", "components"),
-    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base", "wheel", "requires"),
+    "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base", "wheel", "wheels", "requires"),
     "release": ("package", "version", "sha256"),
     "in_base": ("fix_id", "reason"),
     "wheel": ("filename", "sha256"),
@@ -335,7 +344,7 @@ def parse_target(path: Path, root: Path) -> Target:
         components.append(
             Component(name=cname, repo=repo, ref=ref, release=release, series_dir=series_dir, platforms=platforms,
                       tests={p: tuple(sel) for p, sel in tests.items()}, in_base=tuple(in_base),
-                      wheel=parse_wheel_pin(c.get("wheel"), f"{where}.wheel", release, fail),
+                      wheels=parse_wheel_pins(c, where, release, fail),
                       requires=requires, standins=tuple(standins))
         )
     return Target(name=name, description=description, path=path, components=tuple(components))
@@ -346,20 +355,49 @@ def _toml_type(value) -> str:
     return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)
 
 
-# ---------------------------------------------------------------- [components.wheel] (kvforge build)
+# ---------------------------------------------------------------- [[components.wheels]] (kvforge build)
+
+ARCHES = ("x86_64", "aarch64")  # the machine architectures a deployment installs release wheels on
+
 
 @dataclass(frozen=True)
 class WheelPin:
-    """The release wheel `kvforge build` overlays: its PyPI file name, pinned by sha256."""
+    """A release wheel `kvforge build` overlays: its PyPI file name, pinned by sha256. Its architecture and
+    Python tags come from the file name's platform tags (PEP 427), never from a separate field."""
 
     filename: str
     sha256: str
 
-
-def parse_wheel_pin(value, where: str, release: Release, fail) -> WheelPin | None:
-    """[components.wheel] = {filename, sha256}: a wheel of exactly the release's package and version."""
-    if value is None:
+    @property
+    def arch(self) -> str | None:
+        """x86_64 / aarch64 for a manylinux or linux wheel; None for a pure-Python or other wheel."""
+        _n, _v, _b, tags = parse_wheel_filename(self.filename)
+        for arch in ARCHES:
+            if any(t.platform.endswith("_" + arch) for t in tags):
+                return arch
         return None
+
+
+def parse_wheel_pins(c: dict, where: str, release: Release, fail) -> tuple[WheelPin, ...]:
+    """[[components.wheels]] (one table per release wheel, any number: one per architecture, and per Python for
+    a package like vllm_ascend that builds per-interpreter wheels), or the older single [components.wheel]."""
+    if "wheel" in c and "wheels" in c:
+        raise fail(f"{where} has both 'wheel' and 'wheels': keep [[components.wheels]] only")
+    if "wheel" in c:
+        return (parse_wheel_pin(c["wheel"], f"{where}.wheel", release, fail),)
+    value = c.get("wheels", [])
+    if not isinstance(value, list):
+        raise fail(f"{where}.wheels must be a list of [[components.wheels]] tables")
+    pins = tuple(parse_wheel_pin(v, f"{where}.wheels[{k}]", release, fail) for k, v in enumerate(value))
+    names = [p.filename for p in pins]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise fail(f"{where}.wheels lists {dup!r} twice")
+    return pins
+
+
+def parse_wheel_pin(value, where: str, release: Release, fail) -> WheelPin:
+    """{filename, sha256}: a wheel of exactly the release's package and version."""
     if not isinstance(value, dict):
         raise fail(f"{where} must be a table")
     for key in value:

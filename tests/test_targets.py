@@ -163,3 +163,40 @@ def test_target_names_are_file_names_in_targets(tmp_path):
     (tmp_path / "outside.toml").write_text(good("outside"))
     with pytest.raises(KvforgeError, match="unknown target '../../outside'"):
         load_target("../../outside", root)
+
+
+X86 = "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
+ARM = "vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl"
+
+
+def _pin(name: str, sha: str = "ab" * 32, table: str = "[[components.wheels]]") -> str:
+    return f'\n{table}\nfilename = "{name}"\nsha256 = "{sha}"\n'
+
+
+def test_wheels_pins_one_per_architecture(tmp_path):
+    path = make_project(tmp_path / "proj", text=good() + _pin(X86) + _pin(ARM, "cd" * 32))
+    comp = parse_target(path, tmp_path / "proj").component()
+    assert [w.arch for w in comp.wheels] == ["x86_64", "aarch64"]
+    assert comp.wheel is not None and comp.wheel.filename == X86  # build's x86_64 pin
+    assert comp.wheel_for("aarch64").sha256 == "cd" * 32
+
+
+def test_the_older_single_wheel_table_is_still_read(tmp_path):
+    path = make_project(tmp_path / "proj", text=good() + _pin(ARM, table="[components.wheel]"))
+    comp = parse_target(path, tmp_path / "proj").component()
+    assert [w.filename for w in comp.wheels] == [ARM] and comp.wheel is None  # no x86_64 pin
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (_pin(X86) + _pin(X86), f"components[0].wheels lists '{X86}' twice"),
+    (_pin(X86, table="[components.wheel]") + _pin(ARM), "has both 'wheel' and 'wheels'"),
+    (_pin("vllm-0.20.1-cp38-abi3-manylinux_2_35_x86_64.whl"), "is not a wheel of vllm==0.20.2"),
+    (_pin(X86, sha="xyz"), "components[0].wheels[0].sha256 must be a 64-hex-digit string"),
+])
+def test_bad_wheel_pins_are_one_line(tmp_path, extra, expected):
+    assert expected in parse_error(tmp_path, good() + extra)
+
+
+def test_wheels_that_is_no_list_is_one_line(tmp_path):
+    text = good().replace("platforms =", "wheels = 5\nplatforms =", 1)
+    assert "components[0].wheels must be a list of [[components.wheels]] tables" in parse_error(tmp_path, text)

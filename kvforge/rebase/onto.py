@@ -87,10 +87,10 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         sha = sha256_file(local)
         source = "local archive (offline: not checked against PyPI)"
         notes.append(f"sha256 of {release.filename} taken from the cached archive, not from PyPI (offline)")
-    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheel=None)
+    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheels=())
     if comp.wheel is not None:
         if wheel_sha:
-            new = replace(new, wheel=WheelPin(*wheel_sha))
+            new = replace(new, wheels=(WheelPin(*wheel_sha),))
         else:
             notes.append(f"no wheel like {comp.wheel.filename} found for {version}: [components.wheel] is removed "
                          "(pin one by hand for `kvforge build`)")
