@@ -73,12 +73,16 @@ class Component:
         return self.wheel_for("x86_64")
 
 
+LIFECYCLES = ("maintained", "eol")  # `lifecycle = "eol"`: kept for reference; matrix and watch leave it out
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
     description: str
     path: Path
     components: tuple[Component, ...] = field(default_factory=tuple)
+    lifecycle: str = "maintained"
 
     def component(self, name: str | None = None) -> Component:
         """The named component; without a name, the first (the one a single-component target has)."""
@@ -178,7 +182,7 @@ STANDINS_DIR = Path(__file__).resolve().parent / "data" / "standins"  # kvforge'
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")  # a dotted Python module name
 
 KEYS = {
-    "target": ("name", "description", "components"),
+    "target": ("name", "description", "lifecycle", "components"),
     "component": ("name", "repo", "ref", "series", "platforms", "release", "tests", "in_base", "wheel", "wheels", "requires"),
     "release": ("package", "version", "sha256"),
     "in_base": ("fix_id", "reason"),
@@ -262,6 +266,8 @@ def parse_target(path: Path, root: Path) -> Target:
     if name != path.stem:
         raise fail(f"name {name!r} must match the file name {path.stem!r}")
     description = optional(data, "description", "") or ""
+    lifecycle = optional(data, "lifecycle", "", pattern=lambda v: v in LIFECYCLES,
+                         what="\"maintained\" or \"eol\"") or "maintained"
     comps = data.get("components")
     if not isinstance(comps, list) or not comps:
         raise fail("components must be a list of [[components]] tables (at least one)")
@@ -347,7 +353,7 @@ def parse_target(path: Path, root: Path) -> Target:
                       wheels=parse_wheel_pins(c, where, release, fail),
                       requires=requires, standins=tuple(standins))
         )
-    return Target(name=name, description=description, path=path, components=tuple(components))
+    return Target(name=name, description=description, path=path, components=tuple(components), lifecycle=lifecycle)
 
 
 def _toml_type(value) -> str:
@@ -424,7 +430,7 @@ def targets_command() -> Done:
     root = project_root()
     rows = [{"target": t.name, "component": c.name, "ref": c.ref, "release": f"{c.release.package}=={c.release.version}",
              "series": os.path.relpath(c.series_dir, root), "platforms": list(c.platforms),
-             "description": t.description} for t in load_all() for c in t.components]
-    return Done(rows, table(["target", "component", "upstream ref", "offline source", "series", "platforms"],
-                            [[r["target"], r["component"], r["ref"], r["release"], r["series"], ",".join(r["platforms"])]
-                             for r in rows]))
+             "description": t.description, "lifecycle": t.lifecycle} for t in load_all() for c in t.components]
+    return Done(rows, table(["target", "component", "upstream ref", "offline source", "series", "platforms", "lifecycle"],
+                            [[r["target"], r["component"], r["ref"], r["release"], r["series"], ",".join(r["platforms"]),
+                              r["lifecycle"]] for r in rows]))

@@ -200,3 +200,15 @@ def test_bad_wheel_pins_are_one_line(tmp_path, extra, expected):
 def test_wheels_that_is_no_list_is_one_line(tmp_path):
     text = good().replace("platforms =", "wheels = 5\nplatforms =", 1)
     assert "components[0].wheels must be a list of [[components.wheels]] tables" in parse_error(tmp_path, text)
+
+
+def test_lifecycle_defaults_to_maintained_and_takes_eol(tmp_path):
+    path = make_project(tmp_path / "proj")
+    assert parse_target(path, tmp_path / "proj").lifecycle == "maintained"
+    path.write_text('lifecycle = "eol"\n' + good())
+    assert parse_target(path, tmp_path / "proj").lifecycle == "eol"
+
+
+def test_an_unknown_lifecycle_is_one_line(tmp_path):
+    msg = parse_error(tmp_path, 'lifecycle = "retired"\n' + good())
+    assert "lifecycle 'retired' must be \"maintained\" or \"eol\"" in msg
