@@ -124,14 +124,19 @@ def test_new_into_gives_a_new_tree_after_the_first_is_deleted(project, base_v020
     assert "# second" in (second / UTILS).read_text()
 
 
-def test_repo_dir_adds_the_branch_and_leaves_the_checkout_alone(project, base_v0202, tmp_path):
-    cache, base = base_v0202
-    two_patches(project, base)
-    clone = tmp_path / "clone"
+def clone_of_base(base, clone: Path) -> Path:
+    """A user's clone: a repository of its own whose branch main (checked out) is the base commit."""
     clone.mkdir()
     git(clone, "init", "-q")
     git(clone, "fetch", "-q", str(base.repo), f"{base.commit}:refs/heads/main")
     git(clone, "checkout", "-q", "main")
+    return clone
+
+
+def test_repo_dir_adds_the_branch_and_leaves_the_checkout_alone(project, base_v0202, tmp_path):
+    cache, base = base_v0202
+    two_patches(project, base)
+    clone = clone_of_base(base, tmp_path / "clone")
     (clone / POOL).write_text("uncommitted edit\n")  # a tracked file changed
     (clone / "untracked.txt").write_text("new\n")
     git(clone, "add", "untracked.txt")  # staged
@@ -159,11 +164,7 @@ def test_repo_dir_keeps_a_base_tag_the_user_moved(project, base_v0202, tmp_path)
     line, nothing changed, no deletion suggested), never silently reset. One that names the base is kept as it is."""
     cache, base = base_v0202
     two_patches(project, base)
-    clone = tmp_path / "clone"
-    clone.mkdir()
-    git(clone, "init", "-q")
-    git(clone, "fetch", "-q", str(base.repo), f"{base.commit}:refs/heads/main")
-    git(clone, "checkout", "-q", "main")
+    clone = clone_of_base(base, tmp_path / "clone")
     git(clone, "commit", "-q", "--allow-empty", "-m", "my own base")
     mine = git(clone, "rev-parse", "HEAD").strip()
     git(clone, "tag", "kvforge/base/t", mine)  # the user moved (or made) the base tag
