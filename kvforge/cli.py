@@ -339,6 +339,32 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
     finish(status.status_command(cache, check, progress), as_json)
 
 
+@cli.command("report")
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+              help="Only this target (repeatable) [default: every target].")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "trend"]), default="table",
+              show_default=True,
+              help="table: for a terminal; markdown: for an issue or a job summary; trend: one JSON line of "
+                   "totals to append to a file (a trend over runs).")
+@json_option
+@click.pass_obj
+@handle_errors
+def report_cmd(cache: Cache, target_names: tuple[str, ...], fmt: str, as_json: bool) -> None:
+    """What carrying each fix costs, per fix and target: since when and in which releases it is carried,
+    its Upstream-Status and PR, whether its Drop-When is met on the newest release, whether its verify
+    evidence is current or stale, and its churn (commits that changed the patch file, rebase drops).
+
+    \b
+    Totals by Upstream-Status as Yocto's patchreview counts them and by forwarding as Debian's UDD
+    does. --json: every row and the totals (schema in docs/report.md); --format trend: one line,
+    e.g. `kvforge report --format trend >> carrying.jsonl` in a scheduled job.
+    Materialises the bases into the cache, as `kvforge status --check` does.
+    """
+    from . import carrying
+
+    finish(carrying.report_command(cache, target_names, fmt, progress), as_json)
+
+
 @cli.command("export")
 @target_option
 @component_option
