@@ -339,6 +339,60 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
     finish(status.status_command(cache, check, progress), as_json)
 
 
+@cli.command("report")
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+              help="Only this target (repeatable) [default: every target].")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "trend"]), default="table",
+              show_default=True,
+              help="table: for a terminal; markdown: for an issue or a job summary; trend: one JSON line of "
+                   "totals to append to a file (a trend over runs).")
+@json_option
+@click.pass_obj
+@handle_errors
+def report_cmd(cache: Cache, target_names: tuple[str, ...], fmt: str, as_json: bool) -> None:
+    """What carrying each fix costs, per fix and target: since when and in which releases it is carried,
+    its Upstream-Status and PR, whether its Drop-When is met on the newest release, whether its verify
+    evidence is current or stale, and its churn (commits that changed the patch file, rebase drops).
+
+    \b
+    Totals by Upstream-Status as Yocto's patchreview counts them and by forwarding as Debian's UDD
+    does. --json: every row and the totals (schema in docs/report.md); --format trend: one line,
+    e.g. `kvforge report --format trend >> carrying.jsonl` in a scheduled job.
+    Materialises the bases into the cache, as `kvforge status --check` does.
+    """
+    from . import carrying
+
+    finish(carrying.report_command(cache, target_names, fmt, progress), as_json)
+
+
+@cli.command("init")
+@click.argument("dest", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("--upstream", type=click.Choice(["vllm", "vllm-ascend"]), default="vllm", show_default=True,
+              help="What the series patch: vLLM, or vllm-ascend (on the vLLM release it is built on).")
+@click.option("--release", metavar="VERSION",
+              help="Write a first target for this release (vllm 0.20.2, vllm-ascend 0.20.2rc1): its PyPI sdist pinned "
+                   "by sha256 (read from the package index), an empty series, vLLM's KV-cache manager CPU tests.")
+@click.option("--name", metavar="NAME", help="The first target's name [default: v<VERSION>].")
+@click.option("--install", metavar="REQUIREMENT",
+              help="The pip requirement CI installs kvforge from (e.g. 'kvforge @ git+https://host/org/kvforge@v0.1.0') "
+                   "[default: where this kvforge was installed from: its git source, else its path, else kvforge==VERSION].")
+@json_option
+@click.pass_obj
+@handle_errors
+def init_cmd(cache: Cache, dest: Path, upstream: str, release: str | None, name: str | None, install: str | None,
+             as_json: bool) -> None:
+    """Make DIR a new patch repository run by this (installed) kvforge: targets/, patches/, a README with
+    the two commands (install kvforge, run the checks and CPU jobs), .gitignore, the CI files
+    (.github/workflows/kvforge.yml, .buildkite/pipeline.yml) and a git repository with a first commit.
+
+    All or nothing: DIR must not exist or be empty; everything is made beside it and renamed into place
+    in one step. kvforge finds the project from the current directory (or $KVFORGE_ROOT) afterwards.
+    """
+    from . import scaffold
+
+    finish(scaffold.init_command(dest, upstream, release, name, install, cache, progress), as_json)
+
+
 @cli.command("export")
 @target_option
 @component_option

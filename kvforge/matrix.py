@@ -41,6 +41,7 @@ REV and HEAD (committed, uncommitted and untracked), or all of them when kvforge
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -60,7 +61,9 @@ from .targets import Component, Target, load_all, load_target, project_root
 
 GITHUB_MAX_JOBS = 256  # per matrix (GitHub Actions' limit)
 CACHE_DIR = ".kvforge-cache"  # $KVFORGE_CACHE in CI, relative to the checkout
-INSTALL_KVFORGE = "python3 -m pip install -e ."
+# How a job installs kvforge: from the checkout (this project), or $KVFORGE_INSTALL (set by the CI files of a
+# project `kvforge init` made, which holds no kvforge).
+INSTALL_KVFORGE = os.environ.get("KVFORGE_INSTALL") or "python3 -m pip install -e ."
 # kvforge's own sources: a change there re-runs every target.
 TOOL_PATHS = ("kvforge/", "pyproject.toml")
 VLLM_STEPS_FILE = ".buildkite/test_areas/kvforge_{target}.yaml"  # where a vLLM fork keeps --format buildkite-vllm

@@ -1,0 +1,315 @@
+"""`kvforge init DIR`: another team's patch repository, run by the installed kvforge (kvforge/scaffold.py).
+
+Fast tests: what init writes (a git repository with one commit; CI files that pass actionlint and the
+schemas, with the generated matrix inlined and every job installing kvforge from $KVFORGE_INSTALL), its
+refusals (nothing written) and a SIGKILL before the final rename (nothing but a hidden directory, swept by the
+next init). Slow test: kvforge pip-installed (not editable) into a fresh venv from a copy of this checkout;
+then, outside this checkout, `kvforge init --release 0.20.2` (the real PyPI sha256), `lint`, `apply`, `pick`
+of a real upstream change (0.21.0's full-sequence admission gate, made from the 0.20.2 and 0.21.0 sdists as
+tests/test_pick.py makes it) and `verify` of the picked patch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvforge import scaffold
+from kvforge.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def kvforge(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def tool(name: str) -> str:
+    return str(BIN / name) if (BIN / name).exists() else name
+
+
+def yaml():
+    from ruamel.yaml import YAML  # check-jsonschema's dependency (the [test] extra)
+
+    y = YAML()
+    y.width = 4096
+    return y
+
+
+@pytest.fixture()
+def here(tmp_path, monkeypatch):
+    """An empty work directory outside any project; no $KVFORGE_ROOT."""
+    monkeypatch.delenv("KVFORGE_ROOT", raising=False)
+    monkeypatch.setenv("KVFORGE_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_the_ci_templates_are_this_projects_own_ci_files():
+    """kvforge/data/init ships ci/github/kvforge.yml and ci/buildkite/pipeline.yml (the wheel has no ci/): equal."""
+    assert (scaffold.DATA / "github-kvforge.yml").read_bytes() == (REPO_ROOT / "ci/github/kvforge.yml").read_bytes()
+    assert (scaffold.DATA / "buildkite-pipeline.yml").read_bytes() == \
+        (REPO_ROOT / "ci/buildkite/pipeline.yml").read_bytes()
+
+
+def test_init_writes_a_committed_project_that_kvforge_finds(here):
+    res = kvforge("init", "team", "--install", "kvforge @ git+https://example.org/org/kvforge@v0.1.0", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    team = here / "team"
+    assert doc["files"] == [".buildkite/pipeline.yml", ".github/workflows/kvforge.yml", ".gitignore", "README.md",
+                            "patches/.gitkeep", "targets/.gitkeep"]
+    install = "python3 -m pip install 'kvforge @ git+https://example.org/org/kvforge@v0.1.0'"
+    assert doc["install"] == install and doc["target"] is None
+    git = lambda *a: subprocess.run(["git", *a], cwd=team, check=True, capture_output=True, text=True).stdout  # noqa
+    assert git("rev-parse", "HEAD").strip() == doc["commit"] and git("status", "--porcelain") == ""
+    assert git("ls-files").split() == doc["files"]
+    assert len(git("log", "--format=%H").split()) == 1
+    readme = (team / "README.md").read_text()
+    assert install in readme and "kvforge matrix --kind cpu --format commands | sh -ex" in readme
+    assert "@@" not in readme
+    os.chdir(team)  # discovery: the current directory
+    for args in (("lint",), ("targets",), ("status",), ("matrix",)):
+        r = kvforge(*args)
+        assert r.exit_code == 0, (args, r.output)
+    assert not [p for p in here.iterdir() if p.name != "team"]  # nothing else was made
+
+
+def test_generated_ci_passes_actionlint_and_schemas_with_the_matrix_inlined(here, tmp_path, session_cache):
+    """The project's own matrix (one target, written as --release writes it, pinned offline from the cache),
+    generated as the workflow's plan step does with $KVFORGE_INSTALL set, inlined into the workflow."""
+    cache = Path(os.environ["KVFORGE_CACHE"])
+    (cache / "downloads").mkdir(parents=True)
+    sdist = session_cache.downloads / "vllm-0.20.2.tar.gz"  # the real sdist (conftest downloads it once)
+    (cache / "downloads" / sdist.name).symlink_to(sdist)
+    env = {**os.environ, "KVFORGE_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-m", "kvforge.cli", "init", "team", "--release", "0.20.2", "--json",
+                          "--install", "kvforge==0.1.0"], cwd=here, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    team = here / "team"
+    assert json.loads(run.stdout)["pins"]["vllm"]["sha256"] == \
+        "58809377798c5335c6e2fe30092abda54d9200b5b8a717b3735a63f5daa0e383"  # = this project's v0.20.2rc pin
+    wf_path = team / ".github/workflows/kvforge.yml"
+    y = yaml()
+    wf = y.load(wf_path.read_text())
+    install = wf["env"]["KVFORGE_INSTALL"]
+    assert install == "python3 -m pip install kvforge==0.1.0"
+    assert wf["jobs"]["plan"]["steps"][2]["run"] == "${{ env.KVFORGE_INSTALL }}"
+    # the plan step's script, as the runner would run it
+    plan = next(s for s in wf["jobs"]["plan"]["steps"] if s.get("id") == "matrix")
+    out = tmp_path / "github_output"
+    script = plan["run"]
+    r = subprocess.run(["bash", "-e", "-c", script], cwd=team, capture_output=True, text=True,
+                       env={**env, "PATH": f"{BIN}:{os.environ['PATH']}", "GITHUB_OUTPUT": str(out),
+                            "KVFORGE_INSTALL": install, "BASE_REF": "", "CUDA_RUNS_ON": "", "NPU_RUNS_ON": ""})
+    assert r.returncode == 0, r.stderr
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    cpu = json.loads(outputs["cpu"])["include"]
+    assert [j["command"] for j in cpu] == ["kvforge verify --target v0.20.2"]
+    assert cpu[0]["setup"] == install  # every job installs kvforge as the workflow says, not from a checkout
+    for kind in ("build", "cpu", "cuda", "npu"):
+        m = json.loads(outputs[kind])
+        if m["include"]:
+            wf["jobs"][kind]["strategy"]["matrix"] = m
+    inlined = tmp_path / "kvforge.yml"
+    buf = io.StringIO()
+    y.dump(wf, buf)
+    inlined.write_text(buf.getvalue())
+    for path in (wf_path, inlined):
+        subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(path)],
+                       check=True, capture_output=True)
+        res = subprocess.run([tool("actionlint"), "-no-color", str(path)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+    bk = team / ".buildkite/pipeline.yml"
+    res = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.buildkite", str(bk)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = y.load(bk.read_text())
+    assert doc["env"]["KVFORGE_INSTALL"] == install and doc["steps"][0]["commands"][0] == 'eval "$$KVFORGE_INSTALL"'
+    # the first step's commands (Buildkite turns $$ into $), up to the upload
+    for cmd in doc["steps"][0]["commands"][1:3]:
+        cmd = cmd.replace("$$", "$")
+        r = subprocess.run(["bash", "-e", "-c", cmd], cwd=team, capture_output=True, text=True,
+                           env={**env, "PATH": f"{BIN}:{os.environ['PATH']}", "KVFORGE_INSTALL": install})
+        assert r.returncode == 0, (cmd, r.stderr)
+    pipeline = yaml().load((team / ".kvforge-pipeline.yml").read_text())
+    step = next(st for st in pipeline["steps"] if st["key"] == "cpu-v0_20_2-vllm")
+    assert step["commands"] == [install, "kvforge verify --target v0.20.2"]
+    # .gitignore covers what those commands wrote
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=team, capture_output=True, text=True).stdout == ""
+    target = tomllib.loads((team / "targets/v0.20.2.toml").read_text())
+    assert target["components"][0]["release"]["version"] == "0.20.2"
+
+
+@pytest.mark.parametrize("setup,message", [
+    (lambda d: (d.mkdir(), (d / "mine.txt").write_text("mine")), "not empty"),
+    (lambda d: d.write_text("a file"), "exists and is not a directory"),
+])
+def test_init_refuses_a_used_destination_writing_nothing(here, setup, message):
+    dest = here / "dest"
+    setup(dest)
+    before = sorted(p.name for p in here.iterdir())
+    res = kvforge("init", "dest", "--json")
+    assert res.exit_code == 2
+    assert message in json.loads(res.stdout)["error"] and "\n" not in json.loads(res.stdout)["error"]
+    assert sorted(p.name for p in here.iterdir()) == before
+    if dest.is_dir():
+        assert (dest / "mine.txt").read_text() == "mine"
+
+
+def test_init_bad_options_are_one_line_exit_2(here):
+    for args, word in ((("x", "--release", "not a version"), "--release"), (("x", "--name", "a/b"), "--name"),
+                       (("x", "--install", "kvforge'; rm -rf /"), "--install"), (("missing/x",), "no such directory"),
+                       (("x", "--upstream", "sglang"), "--upstream")):
+        res = kvforge("init", *args)
+        assert res.exit_code == 2, (args, res.output)
+        assert word in res.stderr
+    assert list(here.iterdir()) == []
+
+
+def test_init_into_an_empty_directory_and_after_a_kill(here):
+    """An empty DIR is replaced in one rename; SIGKILL just before it leaves only the hidden staging directory,
+    which the next init removes."""
+    (here / "empty").mkdir()
+    assert kvforge("init", "empty").exit_code == 0
+    assert (here / "empty" / ".git").is_dir()
+    env = {**os.environ, "KVFORGE_CRASH_AT": "init:before-rename"}
+    run = subprocess.run([sys.executable, "-m", "kvforge.cli", "init", "killed"], cwd=here, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == -9
+    left = sorted(p.name for p in here.iterdir())
+    assert left[0].startswith(".killed.kvforge-init-") and left[1:] == ["empty"]
+    assert kvforge("init", "killed").exit_code == 0
+    assert sorted(p.name for p in here.iterdir()) == ["empty", "killed"]
+
+
+# ---------------------------------------------------------------- slow: the pip-installed kvforge, real releases
+
+def _sh(cmd: list[str], cwd: Path, env: dict, ok: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
+    run = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if ok:
+        assert run.returncode == 0, f"{cmd}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run
+
+
+@pytest.mark.slow
+def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
+    from test_pick import SUBJECT_FULL_SEQ, _commit, _core_files, _git
+
+    from kvforge.bases import download_sdist
+    from kvforge.cache import Cache, default_cache_dir
+    from kvforge.targets import Release, load_target
+    from dataclasses import replace
+
+    # kvforge from a copy of this checkout's files (no build/ or egg-info leftovers), installed as a wheel
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if (REPO_ROOT / rel).is_file() and not rel.startswith(("targets/", "patches/")):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / rel, src / rel)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("KVFORGE_ROOT", "KVFORGE_CACHE", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    _sh(["python3", "-m", "pip", "install", "-q", str(src)], tmp_path, env)
+    kv = str(venv / "bin" / "kvforge")
+    site = _sh(["python3", "-c", "import kvforge, sys; print(kvforge.__file__)"], tmp_path, env).stdout.strip()
+    assert site.startswith(str(venv)) and (Path(site).parent / "data/init/github-kvforge.yml").is_file()
+
+    work = tmp_path / "work"
+    work.mkdir()
+    doc = json.loads(_sh([kv, "init", "team", "--release", "0.20.2", "--json"], work, env).stdout)
+    team = work / "team"
+    assert doc["install"] == f"python3 -m pip install 'kvforge @ {src.as_uri()}'"
+    # The workflow's install step, run as CI runs it (here: over the same install)
+    install = yaml().load((team / ".github/workflows/kvforge.yml").read_text())["env"]["KVFORGE_INSTALL"]
+    assert install == doc["install"]
+    _sh(["bash", "-e", "-c", install], team, env)
+    _sh(["git", "config", "user.name", "Carrier"], team, env)
+    _sh(["git", "config", "user.email", "carrier@example.com"], team, env)
+
+    _sh([kv, "lint"], team, env)
+    _sh([kv, "lint", "--selections"], team, env)  # the KV-cache manager tests exist in the real 0.20.2 base
+    r = _sh([kv, "apply", "-t", "v0.20.2", "--json"], team, env)
+    assert (team / "vllm-v0.20.2" / "vllm" / "v1" / "core" / "kv_cache_manager.py").is_file()
+    assert _sh(["git", "status", "--porcelain"], team, env).stdout == ""  # the tree is ignored
+
+    # A real upstream change: 0.21.0's kv_cache_manager.py and test_prefix_caching.py on top of 0.20.2
+    user = Cache(default_cache_dir())
+    comp = load_target("v0.20.2rc", REPO_ROOT).component()
+    sdists = {v: download_sdist(replace(comp, release=Release("vllm", v, None)) if v != "0.20.2" else comp, user,
+                                print) for v in ("0.20.2", "0.21.0")}
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    r2, r3 = _core_files(sdists["0.20.2"]), _core_files(sdists["0.21.0"])
+    b = _commit(repo, r2, None, "vllm 0.20.2: vllm/v1/core and tests/v1/core of the PyPI sdist")
+    _git(repo, "tag", "v0.20.2", b)
+    mid = dict(r2)
+    for rel in ("vllm/v1/core/kv_cache_manager.py", "tests/v1/core/test_prefix_caching.py"):
+        mid[rel] = r3[rel]
+    c = _commit(repo, mid, b, SUBJECT_FULL_SEQ)
+    d = _commit(repo, r3, c, "vllm 0.21.0: the rest of vllm/v1/core and tests/v1/core")
+    _git(repo, "tag", "v0.21.0", d)
+
+    offline = {**env, "KVFORGE_OFFLINE": "1"}
+    r = _sh([kv, "pick", "--repo", str(repo), c, "--fix-id", "full-sequence-must-fit", "--json"], team, offline)
+    (row,) = json.loads(r.stdout)["rows"]
+    assert (row["target"], row["verdict"]) == ("v0.20.2", "applies")
+    patch = team / "patches/v0.20.2/0001-full-sequence-must-fit.patch"
+    assert patch.is_file() and (team / "patches/v0.20.2/series").read_text().split() == [patch.name]
+    from kvforge.series import read_series
+
+    (p,) = read_series(team / "patches/v0.20.2").patches
+    assert p.value("Drop-When") == "version >= 0.21.0" and p.checks, p.checks
+    _sh([kv, "lint"], team, env)
+
+    # verify: what it can prove of this change. The Checks are test functions the change modifies (it moves
+    # can_fit_full_sequence into allocate_slots); before the patch verify runs the tree's own (old) versions, which
+    # pass: fail-before cannot be shown, so the patch is "unproven" with that reason (exit 4). What is shown: both
+    # Checks pass after the patch, and the selection passes on the patched tree with no new failure.
+    r = _sh([kv, "verify", "-t", "v0.20.2", "--json"], team, offline, ok=False, timeout=3600)
+    assert r.returncode == 4, r.stderr[-3000:]
+    vdoc = json.loads(r.stdout)
+    (vp,) = vdoc["patches"]
+    assert (vp["fix_id"], vp["status"], vp["fail_before"], vp["pass_after"]) == (
+        "full-sequence-must-fit", "unproven", [0, 2], [2, 2])
+    assert {(c["before"], c["before_how"], c["after"]) for c in vp["checks"]} == {("passed", "in tree", "passed")}
+    assert "already passes before the patch" in vp["reason"]
+    reg = vdoc["regression"]
+    assert reg["ok"] and reg["failed"] == reg["errors"] == 0 and reg["passed"] > 100
+    assert reg["compare"]["new_failures"] == 0
+    assert vdoc["base"].startswith("11fab712ccd1")  # vLLM 0.20.2 imported from its sdist, as on every machine
+
+@pytest.mark.slow
+def test_init_vllm_ascend_release_pins_both_sdists_from_pypi(here, monkeypatch):
+    """vllm-ascend 0.20.2rc1 from the real package index: vLLM 0.20.2 under it, both pins equal to the ones this
+    project's v0.20.2rc carries, and the selections exist in the real bases (the user cache's sdists)."""
+    monkeypatch.delenv("KVFORGE_CACHE")
+    res = kvforge("init", "asc", "--upstream", "vllm-ascend", "--release", "0.20.2rc1", "--json")
+    assert res.exit_code == 0, res.output
+    pins = {k: (p["version"], p["sha256"]) for k, p in json.loads(res.stdout)["pins"].items()}
+    ours = tomllib.loads((REPO_ROOT / "targets/v0.20.2rc.toml").read_text())["components"]
+    assert pins == {c["name"]: (c["release"]["version"], c["release"]["sha256"]) for c in ours}
+    os.chdir(here / "asc")
+    t = tomllib.loads(Path("targets/v0.20.2rc1.toml").read_text())
+    assert [(c["name"], c["ref"], c.get("requires")) for c in t["components"]] == [
+        ("vllm", "v0.20.2", None), ("vllm-ascend", "v0.20.2rc1", "vllm")]
+    r = kvforge("lint", "--selections")
+    assert r.exit_code == 0, r.output
+    m = json.loads(kvforge("matrix", "--format", "json").stdout)
+    assert {(j["component"], j["kind"]) for j in m["jobs"]} >= {("vllm", "cpu"), ("vllm-ascend", "cpu")}
