@@ -360,7 +360,14 @@ def watch(cache: Cache, target_names: tuple[str, ...] = (), since: str | None = 
     targets = [load_target(n) for n in dict.fromkeys(target_names)] if target_names else load_all()
     skipped = [t.name for t in targets if t.lifecycle == "eol"]
     targets = [t for t in targets if t.lifecycle != "eol"]
-    pairs = _watched(targets)
+    pairs, notes = [], []
+    for t, c in _watched(targets):
+        try:
+            Version(c.release.version)
+            pairs.append((t, c))
+        except InvalidVersion:
+            notes.append(f"{t.name}/{c.name}: its release version {c.release.version!r} is not a PEP 440 version; "
+                         "not watched")
     packages = list(dict.fromkeys(c.release.package for _t, c in pairs))
     listed: dict[str, list[IndexRelease]] = {}
     for pkg in packages:
@@ -388,7 +395,7 @@ def watch(cache: Cache, target_names: tuple[str, ...] = (), since: str | None = 
     ordered = sorted(reports.values(), key=lambda x: (x.package, Version(x.version)))
     watched = [{"target": t.name, "component": c.name, "package": c.release.package, "base": c.release.version}
                for t, c in pairs]
-    return WatchResult(pypi_url(), since, watched, ordered, fmt, skipped, time.monotonic() - start)
+    return WatchResult(pypi_url(), since, watched, ordered, fmt, skipped, time.monotonic() - start, notes)
 
 
 def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseReport, source: str,
