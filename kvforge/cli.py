@@ -723,6 +723,46 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
     finish(rebase.run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, checks), as_json)
 
 
+# ---------------------------------------------------------------- watch (kvforge/watch.py)
+
+
+@cli.command("watch")
+@click.option("--since", metavar="VERSION", help="Only releases newer than this one [default: newer than each "
+                                                 "target's base].")
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+              help="Watch only these targets (repeatable) [default: every target whose lifecycle is maintained].")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
+              show_default=True, help="The report: a table, JSON, or markdown (one section per release).")
+@click.option("--source", type=click.Choice(["auto", "git", "sdist"]), default="sdist", show_default=True,
+              help="Where each new base comes from: the release's PyPI sdist (cached), or git (auto: a cached or "
+                   "reachable upstream clone first).")
+@json_option
+@click.pass_obj
+@handle_errors
+def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fmt: str, source: str,
+              as_json: bool) -> None:
+    """New vLLM / vllm-ascend releases against every maintained target: what a rebase onto each would do.
+
+    \b
+    Reads the release lists of each component's package on PyPI ($KVFORGE_PYPI_URL for another
+    index). For every release newer than a target's base (pre-releases only for a component whose
+    base is one, as vllm-ascend's rc's), a dry-run rebase of that component onto it (nothing is
+    written; sdists are downloaded once into the cache): per patch carried / upstream (with the
+    signals) / conflict / disagree, its Drop-When evaluated there, and the release's wheels per
+    platform. Targets with lifecycle = "eol" are not watched.
+
+    \b
+    Exit 0: nothing new, or new releases and all clean ("status" in --json says which);
+    exit 3: attention needed (a conflict, a disagreement, a wheel the target pins missing, a failed
+    check; 6 when one failed on the network). --json (or --format json) gives every release with its
+    markdown body and issue title, for the scheduled workflow (ci/github/kvforge-watch.yml).
+    """
+    from . import watch
+
+    finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress),
+           as_json or fmt == "json")
+
+
 @cli.command("port")
 @click.argument("fix_id", metavar="FIX")
 @click.option("--to", "to_target", required=True, metavar="TARGET", help="The target to make a variant for.")

@@ -63,7 +63,7 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> str:
 
 def test_every_script_has_a_smoke_run():
     tested = {"apply_vs_git_am.py", "build_vs_cp.py", "kv_event_shapes.py", "pick_vs_cherry_pick.py",
-              "rebase_vs_git_rebase.py"}
+              "rebase_vs_git_rebase.py", "watch_all_releases.py"}
     assert set(SCRIPTS) == tested, "a new bench/ script needs its smoke run here"
 
 
@@ -93,6 +93,17 @@ def test_pick_vs_cherry_pick(cache):
                str(cache.root)], environ(cache))
     assert re.search(r"^kvforge pick\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+applies\s+present\s+present$", out, re.M), out
     assert re.search(r"^git cherry-pick -x\s+[\d.]+\s", out, re.M) and "ratio kvforge/by hand" in out, out
+
+
+def test_watch_all_releases(cache):
+    """The small variant: releases after 0.32.0 (0.33.0) from real PyPI, the sdists linked from this module's cache."""
+    out = run([sys.executable, str(BENCH / "watch_all_releases.py"), "--since", "0.32.0", "--downloads-from",
+               str(cache.downloads)], environ(cache))
+    assert re.search(r"^run\s+releases\s+rows\s+carried\s+upstream\s+conflict\s+disagree", out, re.M), out
+    assert re.search(r"^kvforge watch, cold \(release files linked from .*\)\s+1\s+2\s", out, re.M), out
+    assert re.search(r"^kvforge watch, warm \(downloads and bases cached\)\s+1\s+2\s", out, re.M), out
+    assert re.search(r"^kvforge rebase --dry-run loop, warm \(one process per row\)\s+1\s+2\s", out, re.M), out
+    assert re.search(r"^vllm 0\.33\.0\s+v0\.20\.2rc/vllm\s+4 upstream, 1 conflict\s+attention", out, re.M), out
 
 
 def test_kv_event_shapes(cache, tmp_path):
