@@ -321,6 +321,143 @@ def test_checker_without_a_readable_free_queue_skips_the_full_check():
     assert c.result()["full_checks"] == 0 and c.result()["free_queue_checked"] is False
 
 
+class LinkedBlk:
+    def __init__(self, block_id):
+        self.block_id, self.ref_cnt, self.is_null = block_id, 0, False
+        self.prev_free_block = self.next_free_block = None
+
+
+class LinkedQueue:
+    """vLLM's FreeKVCacheBlockQueue, reduced to its linking (the checker's incremental mode needs
+    exactly these public methods)."""
+
+    def __init__(self, blocks):
+        self.fake_free_list_head, self.fake_free_list_tail = LinkedBlk(-1), LinkedBlk(-1)
+        self.num_free_blocks = 0
+        self.fake_free_list_head.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
+        self.append_n(blocks)
+
+    def _insert_after(self, prev, b):
+        nxt = prev.next_free_block
+        prev.next_free_block, b.prev_free_block, b.next_free_block, nxt.prev_free_block = b, prev, nxt, b
+        self.num_free_blocks += 1
+
+    def remove(self, b):
+        b.prev_free_block.next_free_block, b.next_free_block.prev_free_block = b.next_free_block, b.prev_free_block
+        b.prev_free_block = b.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def popleft(self):
+        b = self.fake_free_list_head.next_free_block
+        self.remove(b)
+        return b
+
+    def popleft_n(self, n):
+        return [self.popleft() for _ in range(n)]
+
+    def append(self, b):
+        self._insert_after(self.fake_free_list_tail.prev_free_block, b)
+
+    def append_n(self, blocks):
+        for b in blocks:
+            self.append(b)
+
+    def prepend_n(self, blocks):
+        prev = self.fake_free_list_head
+        for b in blocks:
+            self._insert_after(prev, b)
+            prev = b
+
+    def get_all_free_blocks(self):
+        out, node = [], self.fake_free_list_head.next_free_block
+        while node is not self.fake_free_list_tail:
+            out.append(node)
+            node = node.next_free_block
+        return out
+
+
+class LinkedPool:
+    """vLLM's BlockPool as far as ref counts and the free queue go (freed blocks: odd ids to the
+    front, even ids to the back, as the queue split does with uncached and cached blocks)."""
+
+    def __init__(self, n):
+        self.blocks = [LinkedBlk(i) for i in range(n)]
+        self.free_block_queue = LinkedQueue(self.blocks)
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+
+    def get_new_blocks(self, n):
+        out = self.free_block_queue.popleft_n(n)
+        for b in out:
+            b.ref_cnt += 1
+        return out
+
+    def touch(self, blocks):
+        for b in blocks:
+            if b.ref_cnt == 0:
+                self.free_block_queue.remove(b)
+            b.ref_cnt += 1
+
+    def free_blocks(self, blocks):
+        freed = []
+        for b in blocks:
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                freed.append(b)
+        self.free_block_queue.prepend_n([b for b in freed if b.block_id % 2])
+        self.free_block_queue.append_n([b for b in freed if not b.block_id % 2])
+
+
+def replay_with_faults(seed: int, incremental: bool) -> dict:
+    """A random run of allocations, hits, frees and faults made through the pool's own methods
+    (a double free, a leaked table entry), checked as the driver does; the checker's result."""
+    import random
+
+    rng = random.Random(seed)
+    pool = LinkedPool(400)
+    tables: dict[str, list] = {}
+    manager = SimpleNamespace(req_to_blocks=tables)
+    coord = SimpleNamespace(block_pool=pool, single_type_managers=[manager])
+    checker = Checker(SimpleNamespace(kv_cache_manager=SimpleNamespace(coordinator=coord)))
+    assert checker.cost()["incremental"] is True
+    if not incremental:
+        checker._incremental = False  # the whole-pool walk every time: the reference
+    cached: list = []
+    for step in range(300):
+        op = rng.random()
+        if op < 0.4 or not tables:
+            blocks = pool.get_new_blocks(rng.randrange(1, 6))
+            hits = rng.sample(cached, min(len(cached), rng.randrange(0, 3)))
+            pool.touch(hits)
+            tables[f"r{step}"] = hits + blocks
+        elif op < 0.8:
+            rid = rng.choice(sorted(tables))
+            blocks = tables.pop(rid)
+            cached.extend(b for b in blocks if b.block_id % 2 == 0 and b not in cached)
+            pool.free_blocks(reversed(blocks))  # an iterable, as the managers pass it
+        elif op < 0.86:
+            rid = rng.choice(sorted(tables))
+            if tables[rid]:
+                tables[rid].pop()  # leaked: referenced, in no table
+        elif op < 0.9:
+            rid = rng.choice(sorted(tables))
+            pool.free_blocks(tables[rid][:1])  # freed while still in the table: ref_cnt off by one
+        checker.light(step)
+        checker.full(step)
+    checker.full(300, whole=True)
+    return checker.result() | {"whole_pool_checks": checker.cost()["whole_pool_checks"]}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_full_check_finds_what_the_whole_pool_walk_finds(seed):
+    inc, whole = replay_with_faults(seed, True), replay_with_faults(seed, False)
+    assert inc.pop("whole_pool_checks") < whole.pop("whole_pool_checks") == whole["full_checks"]
+    assert inc == whole
+    assert sum(inc["counts"].values()) > 0, "the faults must show"
+    assert {"ref_cnt_without_owner", "ref_cnt_mismatch"} <= set(inc["counts"])
+
+
 def test_sampler_follows_the_plan_and_accepts_drafts_by_seed():
     plan = {"a": list(range(100, 110))}
     req_at = lambda n: SimpleNamespace(request_id="a", output_token_ids=[0] * n)  # noqa: E731

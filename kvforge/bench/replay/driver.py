@@ -166,7 +166,7 @@ def run_one(wl: dict, scenario: str, variant: str, scale: float, seed: int, chec
                 f"{len(client.finished)}/{len(reqs)} requests done, {now - t_loop:.0f}s")
     stats.add_final_stats(scheduler, totals)
     checker.light(step)
-    checker.full(step)
+    checker.full(step, whole=True)
     t_end = time.perf_counter()
 
     rows = []
