@@ -1,5 +1,6 @@
-"""The target file a rebase writes: a text edit of the old one (every comment kept), checked by the
-target parser before it is ever written."""
+"""Target files: the one a rebase writes (a text edit of the old one, every comment kept) and a whole new
+one (`render_target`, kvforge target add and `rebase --as`); both checked by the target parser before they
+are ever written."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from ..context import Context
-from ..targets import parse_target
+from ..targets import Target, parse_target
 from .state import Plan
 
 HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?$")
@@ -125,3 +127,54 @@ def _replace_outside(text: str, old: str, new: str, protected: list[str]) -> str
         return text.replace(old, new)
     parts = re.split("(" + "|".join(re.escape(p) for p in sorted(protected, key=len, reverse=True)) + ")", text)
     return "".join(part if part in protected else part.replace(old, new) for part in parts)
+
+
+# ---------------------------------------------------------------- a whole target file (kvforge target add)
+
+
+def render_target(target: Target, root: Path, header: Sequence[str] = (),
+                  comments: Mapping[str, Mapping[str, Sequence[str]]] | None = None) -> str:
+    """A complete target file for `target` (every key parse_target reads; [[components.wheels]] per pinned
+    wheel; `lifecycle`), with `header` comment lines on top and, per component, comment lines above a
+    section ("component", "release", "wheels", "tests" and a platform name inside tests). Checked by
+    parse_target before it is returned: a file kvforge would refuse is never produced."""
+    notes = comments or {}
+
+    def q(value: str) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    def put_comments(comp: str, section: str, indent: str = "") -> list[str]:
+        return [f"{indent}# {line}" if line else f"{indent}#" for line in notes.get(comp, {}).get(section, ())]
+
+    out = [f"# {line}" if line else "#" for line in header]
+    out += [f"name = {q(target.name)}", f"description = {q(target.description)}", f"lifecycle = {q(target.lifecycle)}"]
+    for c in target.components:
+        out += ["", "[[components]]", *put_comments(c.name, "component"), f"name = {q(c.name)}", f"repo = {q(c.repo)}",
+                f"ref = {q(c.ref)}", f"series = {q(os.path.relpath(c.series_dir, root))}",
+                f"platforms = [{', '.join(q(p) for p in c.platforms)}]"]
+        if c.requires:
+            out.append(f"requires = {q(c.requires)}")
+        out += ["", "[components.release]", *put_comments(c.name, "release"), f"package = {q(c.release.package)}",
+                f"version = {q(c.release.version)}"]
+        if c.release.sha256:
+            out.append(f"sha256 = {q(c.release.sha256)}")
+        for k, w in enumerate(c.wheels):
+            out += ["", "[[components.wheels]]", *(put_comments(c.name, "wheels") if k == 0 else []),
+                    f"filename = {q(w.filename)}", f"sha256 = {q(w.sha256)}"]
+        out += ["", "[components.tests]", *put_comments(c.name, "tests")]
+        if c.standins:
+            out.append(f"standins = [{', '.join(q(s) for s in c.standins)}]")
+        for plat in c.platforms:
+            sel = c.tests.get(plat)
+            if sel is None:
+                continue
+            body = put_comments(c.name, plat, "    ") + [f"    {q(s)}," for s in sel]
+            out += [f"{plat} = [", *body, "]"] if body else [f"{plat} = []"]
+        for ib in c.in_base:
+            out += ["", "[[components.in_base]]", f"fix_id = {q(ib.fix_id)}", f"reason = {q(ib.reason)}"]
+    text = "\n".join(out) + "\n"
+    with tempfile.TemporaryDirectory(prefix="kvforge-target-") as d:
+        probe = Path(d) / f"{target.name}.toml"
+        probe.write_text(text, encoding="utf-8")
+        parse_target(probe, root)
+    return text
