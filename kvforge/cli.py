@@ -249,12 +249,14 @@ def target_group() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan (pins, each patch's verdict, selections); write nothing.")
 @click.option("--continue", "do_continue", is_flag=True,
               help="Resume after resolving a conflict in the worktree named (or after a kill).")
+@click.option("--skip", "do_skip", is_flag=True,
+              help="Drop the patch it stopped at (recorded as skipped in the new series' ledger) and go on.")
 @click.option("--abort", "do_abort", is_flag=True, help="Stop; targets/ and patches/ stay as they were.")
 @json_option
 @click.pass_obj
 @handle_errors
 def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, as_name: str | None, dry_run: bool,
-                   do_continue: bool, do_abort: bool, as_json: bool) -> None:
+                   do_continue: bool, do_skip: bool, do_abort: bool, as_json: bool) -> None:
     """A complete new target for vLLM release VERSION, in one step (all files or none).
 
     \b
@@ -265,7 +267,8 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
       left out with the reason (0.22.0: none on PyPI);
     - each component's series seeded by rebasing the --from target's series onto the
       new base (verdicts and signals per patch, as kvforge rebase); a conflict stops
-      (exit 3) with the worktree named: resolve, `git add`, then --continue;
+      (exit 3) with the worktree named: resolve, `git add`, then --continue (or
+      --skip the patch, --abort);
     - selections checked against the new base (missing paths dropped, said), the CPU
       selection rescanned statically; lifecycle = "maintained".
     Nothing is written to targets/ or patches/ until every patch is decided; then
@@ -274,9 +277,9 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
     """
     from . import targetadd
 
-    actions = [a for a, on in (("continue", do_continue), ("abort", do_abort)) if on]
+    actions = [a for a, on in (("continue", do_continue), ("skip", do_skip), ("abort", do_abort)) if on]
     if len(actions) > 1:
-        raise KvforgeError("--continue and --abort exclude each other", EXIT_USAGE)
+        raise KvforgeError("--continue, --skip and --abort exclude each other", EXIT_USAGE)
     finish(targetadd.run(cache, actions[0] if actions else "start", version, from_target=from_target,
                          as_name=as_name, dry_run=dry_run, progress=progress), as_json)
 

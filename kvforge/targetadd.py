@@ -34,7 +34,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import gitutil, seriesdir
+from . import seriesdir
 from .bases import ensure_base
 from .cache import Cache
 from .context import Context, Progress, quiet
@@ -42,19 +42,18 @@ from .errors import EXIT_APPLY, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, crashpoint, file_lock
 from .rebase.commit import stage_series
 from .rebase.onto import RELEASE_RE, matching_release, release_pins, release_ref
-from .rebase.retarget import render_target
+from .rebase.retarget import complete_component, render_target, selection_comments
 from .rebase.state import (Digests, Plan, State, StopKind, Step, dir_digest, file_digest, load, project_id, save,
                            state_dir)
-from .rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, worktree_path
+from .rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 from .report import table
-from .selection import GitSource, covered, package_of, scan, touched_modules
 from .series import lint_directory
 from .targets import Component, Release, Target, display_path, load_all, load_target, parse_target, \
     project_root, target_name_problem
 from .trees import open_stack
 
 STATE_VERSION = 1
-ACTIONS = ("start", "continue", "abort")
+ACTIONS = ("start", "continue", "skip", "abort")
 
 
 # ---------------------------------------------------------------- the result
@@ -149,14 +148,11 @@ class TargetAddResult:
                 out.append(line)
         head = {"done": "added", "planned": "plan (dry run, nothing written)", "stopped": "stopped"}[self.state]
         out.append(f"{head}: target {self.name} for vLLM {self.version} from {self.from_target}")
-        out += [f"note: {n}" for n in self.notes]
         if self.written:
             out.append("written: " + ", ".join(self.written))
         if self.seconds:
             out.append("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()))
-        if self.message:
-            out.append(self.message)
-        return "\n".join(out)
+        return "\n".join(out)  # the notes go to stderr as warnings, a stop's message as the error line (cli.finish)
 
 
 # ---------------------------------------------------------------- the state
@@ -189,7 +185,7 @@ def _ta_dir(cache: Cache, name: str) -> Path:
 
 def _save(cache: Cache, ta: AddState) -> None:
     atomic_write_text(_ta_dir(cache, ta.name) / "state.json",
-                      json.dumps({"version": STATE_VERSION, **asdict(ta)}, indent=1, sort_keys=True) + "\n")
+                      json.dumps({**asdict(ta), "state_version": STATE_VERSION}, indent=1, sort_keys=True) + "\n")
 
 
 def _load(cache: Cache, name: str) -> AddState | None:
@@ -199,7 +195,7 @@ def _load(cache: Cache, name: str) -> AddState | None:
     abort = f"`kvforge target add --abort --as {name}` removes it"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.pop("version", None) != STATE_VERSION:
+        if not isinstance(data, dict) or data.pop("state_version", None) != STATE_VERSION:
             raise ValueError("another kvforge version's state")
         ta = AddState(**data)
         if not (isinstance(ta.components, list) and isinstance(ta.done, list) and isinstance(ta.left_out, dict)
@@ -273,15 +269,25 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
         return _drive(cache, ta, old, new_target, dry_run, False, progress, start, seconds)
 
 
-def add_continue(cache: Cache, name: str | None = None, progress: Progress = quiet) -> TargetAddResult:
-    """Resume the target add stopped at a patch (the user's resolution is taken), or finish an interrupted one."""
+def add_continue(cache: Cache, name: str | None = None, progress: Progress = quiet,
+                 skip_patch: bool = False) -> TargetAddResult:
+    """Resume the target add stopped at a patch (the user's resolution is taken; `skip_patch`: the patch is
+    dropped instead, recorded in the new series' ledger as `skipped`), or finish an interrupted one."""
     start = time.monotonic()
     root = project_root()
-    name = _which(cache, root, name, "continue")
+    name = _which(cache, root, name, "skip" if skip_patch else "continue")
     with _lock(cache, name, progress):
         ta = _require(cache, root, name)
         old = load_target(ta.from_target, root)
-        return _drive(cache, ta, old, _target_of(ta, root), False, True, progress, start, {})
+        new = _target_of(ta, root)
+        if skip_patch:
+            st = next((s for c in new.components if c.name not in ta.done
+                       and (s := load(Context(cache, new, c, source="sdist"))) is not None), None)
+            if ta.phase != "running" or st is None or st.stopped is None:
+                raise KvforgeError(f"the target add of {name} is not stopped at a patch; nothing to skip (--continue "
+                                   "goes on)", EXIT_USAGE)
+            skip(st)
+        return _drive(cache, ta, old, new, False, not skip_patch, progress, start, {})
 
 
 def add_abort(cache: Cache, name: str | None = None, progress: Progress = quiet) -> TargetAddResult:
@@ -328,8 +334,8 @@ def run(cache: Cache, action: str, version: str | None = None, *, from_target: s
     if version or from_target or dry_run:
         raise KvforgeError(f"--{action} takes no VERSION, --from or --dry-run: they were fixed when the target add "
                            "started (--as NAME says which one)", EXIT_USAGE)
-    if action == "continue":
-        return add_continue(cache, as_name, progress)
+    if action in ("continue", "skip"):
+        return add_continue(cache, as_name, progress, skip_patch=action == "skip")
     if action == "abort":
         return add_abort(cache, as_name, progress)
     raise KvforgeError(f"unknown target add action {action!r} (one of {', '.join(ACTIONS)})", EXIT_USAGE)
@@ -505,7 +511,7 @@ def _drive(cache: Cache, ta: AddState, old: Target, new: Target, dry_run: bool, 
             _save(cache, ta)
             crashpoint("targetadd:component-done")
     t0 = time.monotonic()
-    final, selections = _final_target(new, states, ta)
+    final, selections = _final_target(new, old, states)
     seconds["selections"] = round(time.monotonic() - t0, 3)
     result = _result(ta, final, states, selections, "planned" if dry_run else "done")
     if dry_run:
@@ -531,10 +537,11 @@ def _stopped(ta: AddState, new: Target, states: dict[str, State], st: State, sec
     if st.stopped is not None and st.stopped.kind is StopKind.CONFLICT:
         result.message = (f"{st.plan.component}: {p.name} does not apply to {st.plan.onto_ref}: {p.reason}. Resolve "
                           f"the conflict in {st.plan.worktree} (git am is stopped there), `git add` the files, then "
-                          f"{cont}; `--abort --as {ta.name}` stops (nothing was written to targets/ or patches/)")
+                          f"{cont}; `--skip --as {ta.name}` drops the patch, `--abort --as {ta.name}` stops (nothing "
+                          "was written to targets/ or patches/)")
     else:
         result.message = (f"{st.plan.component}: {p.name}: the signals disagree whether {st.plan.onto_ref} already "
-                          f"has it ({p.reason}). {cont} carries it; `--abort --as {ta.name}` stops (nothing was "
+                          f"has it ({p.reason}). {cont} carries it, `--skip --as {ta.name}` drops it; `--abort --as {ta.name}` stops (nothing was "
                           "written to targets/ or patches/)")
     result.seconds = {**seconds, "total": round(time.monotonic() - start, 3)}
     return result
@@ -543,48 +550,16 @@ def _stopped(ta: AddState, new: Target, states: dict[str, State], st: State, sec
 # ---------------------------------------------------------------- selections on the new base
 
 
-def _tree_paths(repo: Path, commit: str) -> set[str]:
-    """Every file and directory under tests/ of `commit` (one git process)."""
-    out = gitutil.run(repo, "ls-tree", "-r", "-t", "--name-only", commit, "--", "tests").stdout
-    return set(out.splitlines())
-
-
-def _scan(repo: Path, base: str, head: str, comp: Component) -> list:
-    """kvforge test --scan's static scan: the test modules of `base` that import a module base..head touches."""
-    paths = gitutil.run(repo, "diff", "--name-only", base, head).stdout.split()
-    return scan(GitSource(repo, base), touched_modules(paths, package_of(comp)))
-
-
-def _final_target(new: Target, states: dict[str, State], ta: AddState) -> tuple[Target, dict[str, dict]]:
-    """The new target with its selections checked against each new base: a selector whose path the release does
-    not have is dropped (said); the CPU selection of a component tested on its own tree is rescanned (the static
-    scan of kvforge test --scan on the new base with the rebased series): modules it finds that the selection
-    does not cover are reported, not added (whether they run on CPU is `kvforge test --scan --try`'s to say)."""
+def _final_target(new: Target, old: Target, states: dict[str, State]) -> tuple[Target, dict[str, dict]]:
+    """The new target with every component completed on its new base (kvforge.rebase.retarget.complete_component:
+    selections checked, the CPU one rescanned), and what that did per component."""
     comps = []
     report: dict[str, dict] = {}
     for c in new.components:
         st = states[c.name]
-        repo, base = st.plan.repo, st.plan.new_base
-        have = _tree_paths(repo, base)
-        tests: dict[str, tuple[str, ...]] = {}
-        rep: dict[str, dict] = {}
-        for plat, sel in c.tests.items():
-            kept = [s for s in sel if s.split("::", 1)[0].rstrip("/") in have]
-            dropped = [s for s in sel if s not in kept]
-            tests[plat] = tuple(kept)
-            rep[plat] = {"kept": kept, "dropped": dropped}
-        if "cpu" in c.tests and not c.requires:
-            hits = _scan(repo, base, st.head, c)
-            # Modules the from-target's scan already found and its selection leaves out were judged there (they do
-            # not run on CPU: tests/test_selection.py's NOT_ON_CPU); only what is new in this release is reported.
-            judged = {h.module for h in _scan(repo, st.plan.old_base, st.plan.old_head, c)
-                      if not covered(h.module, c.tests["cpu"])}
-            rep["cpu"]["scan"] = [h.to_json() for h in hits]
-            rep["cpu"]["judged_before"] = sorted(judged)
-            rep["cpu"]["unlisted"] = [h.module for h in hits
-                                      if not covered(h.module, tests["cpu"]) and h.module not in judged]
-        comps.append(replace(c, tests=tests))
-        report[c.name] = rep
+        done, report[c.name] = complete_component(c, old.component(c.name), st.plan.repo, st.plan.new_base, st.head,
+                                                  st.plan.old_base, st.plan.old_head)
+        comps.append(done)
     return replace(new, components=tuple(comps)), report
 
 
@@ -600,39 +575,15 @@ def _header(ta: AddState) -> list[str]:
     return lines
 
 
-def _comments(ta: AddState, final: Target, selections: dict[str, dict]) -> dict[str, dict[str, list[str]]]:
-    out: dict[str, dict[str, list[str]]] = {}
-    for c in final.components:
-        up = ta.upstream.get(c.name, "unknown")
-        sel = selections.get(c.name, {})
-        notes = {"release": [f"The PyPI sdist, pinned by the sha256 the package index lists; built from upstream "
-                             f"commit {up} (its {package_of(c)}/_version.py)."],
-                 "wheels": ["The release wheels `kvforge build` overlays, one per architecture (the highest build",
-                            "number on the package index), pinned by sha256."]}
-        for plat, s in sel.items():
-            lines = [f"From {ta.from_target}, kept where the path exists in {c.release.version}."]
-            if s.get("dropped"):
-                lines.append(f"Dropped (not in {c.release.version}): {', '.join(s['dropped'])}.")
-            if s.get("unlisted"):
-                lines.append(f"Rescanned: also reached by the series, not tried on CPU (`kvforge test -t {final.name} "
-                             "--scan --try`):")
-                lines += [f"  {m}" for m in s["unlisted"]]
-            elif "scan" in s:
-                lines.append("Rescanned on the new base: the selection covers every module the series reaches.")
-            out.setdefault(c.name, {})[plat] = lines
-        if c.requires:
-            out.setdefault(c.name, {})["component"] = [
-                f"{c.release.package} {c.release.version} (its branch {c.ref}), built on {c.requires} of this target."]
-    return out
-
-
 def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State], selections: dict[str, dict],
             progress: Progress) -> list[str]:
     """Write every series directory, then the target file (see the module docstring); idempotent after a kill."""
     root = Path(ta.root)
     tfile = root / "targets" / f"{ta.name}.toml"
     if ta.phase != "committing":
-        ta.final_text = render_target(final, root, _header(ta), _comments(ta, final, selections))
+        comments = {c.name: selection_comments(c, selections.get(c.name, {}), ta.from_target, ta.name,
+                                               ta.upstream.get(c.name)) for c in final.components}
+        ta.final_text = render_target(final, root, _header(ta), comments)
         ta.phase = "committing"
         _save(cache, ta)
         crashpoint("targetadd:committing")

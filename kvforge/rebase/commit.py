@@ -38,7 +38,7 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
         changed = changed_files(st)
         if changed:
             _keep_both(ctx, st, changed)
-        st.target_text = new_target_text(plan, ctx)
+        st.target_text = new_target_text(plan, ctx, st)
         st.phase = Phase.COMMITTING
         with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path) as tx:
             st.new_series_digest = dir_digest(stage_series(tx, st))
@@ -108,7 +108,7 @@ def _keep_both(ctx: Context, st: State, changed: list[Path]) -> None:
     with seriesdir.transaction(dest, ctx.say, crash="rebase-kept", lint=lint_directory, show=str) as tx:
         stage_series(tx, st)
         tx.commit()
-    text = st.target_text if st.target_text is not None else new_target_text(plan, ctx)
+    text = st.target_text if st.target_text is not None else new_target_text(plan, ctx, st)
     atomic_write_text(kept / "targets" / plan.target_file.name, text)
     if st.worktree_ready:
         release_worktree(plan.worktree)

@@ -33,7 +33,8 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
     """The component moved onto `onto`: (component, where its sha256 came from, notes).
 
     VERSION (no --repo): the PyPI sdist of that release, its sha256 taken from PyPI's JSON (offline:
-    from an archive already in the cache, and said so). REF with --repo/--source git: that ref; a
+    from an archive already in the cache, and said so), and its release wheels per architecture
+    (kvforge.build.choose_wheels: highest build number, whatever the manylinux tag). REF with --repo/--source git: that ref; a
     version-like ref (v0.21.0) also moves the offline source to that release.
     """
     comp = ctx.component
@@ -59,7 +60,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         return replace(comp, ref=ref), "git", notes
     version = m.group(1)
     release = Release(comp.release.package, version, None)
-    wheel_sha: tuple[str, str] | None = None
+    pins: tuple[WheelPin, ...] = ()
     if os.environ.get("KVFORGE_OFFLINE"):
         files = None
     else:
@@ -77,11 +78,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
             raise KvforgeError(f"--onto {onto}: {release.package} {version} has no sdist {release.filename} on the "
                                "package index (a rebase needs the release source)", EXIT_USAGE)
         source = "pypi"
-        if comp.wheel is not None:
-            wanted = comp.wheel.filename.replace(f"-{comp.release.version}-", f"-{version}-", 1)
-            wsha = _sha_of(files, wanted)
-            if wsha:
-                wheel_sha = (wanted, wsha)
+        pins = tuple(pin for _arch, pin in sorted(choose_wheels(release.package, version).items()))
     else:
         local = ctx.cache.downloads / release.filename
         if not local.is_file():
@@ -90,13 +87,10 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         sha = sha256_file(local)
         source = "local archive (offline: not checked against PyPI)"
         notes.append(f"sha256 of {release.filename} taken from the cached archive, not from PyPI (offline)")
-    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheels=())
-    if comp.wheel is not None:
-        if wheel_sha:
-            new = replace(new, wheels=(WheelPin(*wheel_sha),))
-        else:
-            notes.append(f"no wheel like {comp.wheel.filename} found for {version}: [components.wheel] is removed "
-                         "(pin one by hand for `kvforge build`)")
+    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheels=pins)
+    if comp.wheels and not pins:
+        notes.append(f"no release wheel of {release.package} {version} on the package index"
+                     f"{'' if files is not None else ' (offline)'}: its wheel pins are removed (kvforge build needs one)")
     return new, source, notes
 
 

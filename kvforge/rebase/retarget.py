@@ -8,27 +8,37 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from .. import gitutil
+from ..build import choose_wheels
 from ..context import Context
-from ..targets import Target, parse_target
-from .state import Plan
+from ..errors import KvforgeError
+from ..selection import GitSource, Hit, covered, package_of, scan, touched_modules
+from ..targets import Component, Release, Target, WheelPin, parse_target
+from .state import Plan, State
 
 HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?$")
 STRING_RE = re.compile(r'^(\s*)([A-Za-z0-9_-]+)(\s*=\s*)"((?:[^"\\]|\\.)*)"(.*)$')
 
 
-def new_target_text(plan: Plan, ctx: Context) -> str:
-    """The target file after the rebase: a text edit of the old one that keeps every comment."""
+def new_target_text(plan: Plan, ctx: Context, st: State | None = None) -> str:
+    """The target file after the rebase. In place: a text edit of the old one that keeps every comment, the
+    release's wheels re-pinned (`onto.new_wheels`). With --as: a whole new target file made by target add's code
+    (`complete_component`, `render_target`): pins, selections checked against the new base and the CPU one
+    rescanned with the rebased series (`st`), `lifecycle = "maintained"`."""
+    notes = st.notes if st is not None else []
+    wheels = new_wheels(ctx.component.release.package, plan.onto_version, notes)
+    if plan.new_target != plan.target:
+        return _as_target_text(plan, ctx, st, wheels, notes)
     comp_index = [c.name for c in ctx.target.components].index(plan.component)
     text = plan.old_target_file.read_text(encoding="utf-8")
-    as_new = plan.new_target != plan.target
     out = retarget_text(
         text, comp_index, ref=plan.onto_ref, version=plan.onto_version, sha256=plan.sha256,
         wheel=plan.wheel, old_version=ctx.component.release.version,
-        name=plan.new_target if as_new else None,
-        series=os.path.relpath(plan.series_dir, plan.root) if as_new else None)
+        wheels=[(w.filename, w.sha256) for w in wheels] if wheels else None)
     with tempfile.TemporaryDirectory(prefix="kvforge-rebase-") as d:
         probe = Path(d) / f"{plan.new_target}.toml"
         probe.write_text(out, encoding="utf-8")
@@ -36,12 +46,123 @@ def new_target_text(plan: Plan, ctx: Context) -> str:
     return out
 
 
+def _as_target_text(plan: Plan, ctx: Context, st: State | None, wheels: tuple[WheelPin, ...] | None,
+                    notes: list[str]) -> str:
+    """`rebase --as NEW` of a one-component target: the complete new target file (see new_target_text)."""
+    comp = ctx.component
+    if plan.onto_version is not None:
+        release = Release(comp.release.package, plan.onto_version, plan.sha256)
+        pins = wheels if wheels is not None else ((WheelPin(*plan.wheel),) if plan.wheel else ())
+    else:  # a git ref: the offline source stays the old release (resolve_onto said so)
+        release, pins = comp.release, comp.wheels
+    new = replace(comp, ref=plan.onto_ref, release=release, wheels=pins, series_dir=plan.series_dir)
+    head = st.head if st is not None else plan.new_base
+    new, report = complete_component(new, comp, plan.repo, plan.new_base, head, plan.old_base, plan.old_head)
+    for plat, r in report.items():
+        if r.get("dropped"):
+            notes.append(f"tests {plat}: dropped (not in {plan.onto_ref}): {', '.join(r['dropped'])}")
+        if r.get("unlisted"):
+            notes.append(f"tests cpu: the series reaches modules new in {plan.onto_ref}, not tried on CPU "
+                         f"(`kvforge test -t {plan.new_target} --scan --try`): {', '.join(r['unlisted'])}")
+    description = _replace_outside(ctx.target.description, comp.release.version, release.version, [])
+    target = Target(plan.new_target, description, plan.target_file, (new,), "maintained")
+    header = [f"Made by `kvforge rebase -t {plan.target} --onto {plan.onto} --as {plan.new_target}` ({plan.started}):",
+              "the release pinned from the package index, the series rebased, the selections checked against the",
+              "new base (kvforge target add's code)."]
+    return render_target(target, plan.root, header,
+                         {comp.name: selection_comments(new, report, plan.target, plan.new_target, None)})
+
+
+def new_wheels(package: str, version: str | None, notes: list[str]) -> tuple[WheelPin, ...] | None:
+    """The release wheels of `package`==`version` per architecture (kvforge.build.choose_wheels), or None when
+    they cannot be known (no release version, offline, the index unreachable: said in `notes`)."""
+    if version is None:
+        return None
+    if os.environ.get("KVFORGE_OFFLINE"):
+        notes.append(f"offline: the release wheels of {package} {version} are not pinned (only what --onto found)")
+        return None
+    try:
+        return tuple(pin for _arch, pin in sorted(choose_wheels(package, version).items()))
+    except KvforgeError as exc:
+        notes.append(f"the release wheels of {package} {version} are not pinned: {exc}")
+        return None
+
+
+# ---------------------------------------------------------------- a component on its new base (target add, --as)
+
+
+def tree_paths(repo: Path, commit: str) -> set[str]:
+    """Every file and directory under tests/ of `commit` (one git process)."""
+    out = gitutil.run(repo, "ls-tree", "-r", "-t", "--name-only", commit, "--", "tests").stdout
+    return set(out.splitlines())
+
+
+def rescan(repo: Path, base: str, head: str, comp: Component) -> list[Hit]:
+    """kvforge test --scan's static scan: the test modules of `base` that import a module base..head touches."""
+    paths = gitutil.run(repo, "diff", "--name-only", base, head).stdout.split()
+    return scan(GitSource(repo, base), touched_modules(paths, package_of(comp)))
+
+
+def complete_component(new: Component, old: Component, repo: Path, new_base: str, head: str, old_base: str,
+                       old_head: str) -> tuple[Component, dict[str, dict[str, Any]]]:
+    """`new` with its selections checked against `new_base`: a selector whose path the release does not have is
+    dropped; for a component tested on its own tree the CPU selection is rescanned (the static scan of
+    `kvforge test --scan`, new base with the rebased series new_base..head): the modules it finds that the
+    selection does not cover and that the old release's scan did not already find (those the old target judged
+    not to run on CPU) are reported as `unlisted`, not added: whether they run on CPU is `--scan --try`'s to say.
+    Returns (the component, per platform {"kept", "dropped"[, "scan", "judged_before", "unlisted"]})."""
+    have = tree_paths(repo, new_base)
+    tests: dict[str, tuple[str, ...]] = {}
+    report: dict[str, dict[str, Any]] = {}
+    for plat, sel in new.tests.items():
+        kept = [s for s in sel if s.split("::", 1)[0].rstrip("/") in have]
+        tests[plat] = tuple(kept)
+        report[plat] = {"kept": kept, "dropped": [s for s in sel if s not in kept]}
+    if "cpu" in new.tests and not new.requires:
+        hits = rescan(repo, new_base, head, new)
+        judged = {h.module for h in rescan(repo, old_base, old_head, old)
+                  if not covered(h.module, old.tests.get("cpu", ()))}
+        report["cpu"]["scan"] = [h.to_json() for h in hits]
+        report["cpu"]["judged_before"] = sorted(judged)
+        report["cpu"]["unlisted"] = [h.module for h in hits
+                                     if not covered(h.module, tests["cpu"]) and h.module not in judged]
+    return replace(new, tests=tests), report
+
+
+def selection_comments(comp: Component, report: Mapping[str, Mapping[str, Any]], from_target: str, name: str,
+                       upstream_commit: str | None) -> dict[str, list[str]]:
+    """The comments render_target puts above a completed component's sections (what complete_component did)."""
+    out: dict[str, list[str]] = {
+        "release": ["The PyPI sdist, pinned by the sha256 the package index lists"
+                    + (f"; built from upstream commit {upstream_commit} (its {package_of(comp)}/_version.py)."
+                       if upstream_commit else ".")],
+        "wheels": ["The release wheels `kvforge build` overlays, one per architecture (the highest build",
+                   "number on the package index), pinned by sha256."]}
+    for plat, r in report.items():
+        lines = [f"From {from_target}, kept where the path exists in {comp.release.version}."]
+        if r.get("dropped"):
+            lines.append(f"Dropped (not in {comp.release.version}): {', '.join(r['dropped'])}.")
+        if r.get("unlisted"):
+            lines.append(f"Rescanned: also reached by the series, new in this release, not tried on CPU (`kvforge "
+                         f"test -t {name} --scan --try`):")
+            lines += [f"  {m}" for m in r["unlisted"]]
+        elif "scan" in r:
+            lines.append("Rescanned on the new base: nothing new the series reaches is left out.")
+        out[plat] = lines
+    if comp.requires:
+        out["component"] = [f"{comp.release.package} {comp.release.version} (its branch {comp.ref}), built on "
+                            f"{comp.requires} of this target."]
+    return out
+
+
 def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, sha256: str | None,
                   wheel: tuple[str, str] | None, old_version: str, name: str | None = None,
-                  series: str | None = None) -> str:
+                  series: str | None = None, wheels: Sequence[tuple[str, str]] | None = None) -> str:
     """Edit a target file's text: component `comp_index` moves to `ref` (and release `version`/`sha256`;
-    its wheel pin becomes `wheel` or is removed), optionally renamed (`name`, `series`). Comments stay;
-    the description's old version becomes the new one."""
+    its wheel pin becomes `wheel` or is removed; `wheels` given: every [components.wheel] and
+    [[components.wheels]] of the component is replaced by one [[components.wheels]] per pin, after its
+    release table), optionally renamed (`name`, `series`). Comments stay; the description's old version
+    becomes the new one."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     section, comp = "", -1
@@ -58,13 +179,16 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
     for line in lines:
         h = HEADER_RE.match(line.rstrip("\n"))
         if h:
-            if section == "components.release" and comp == comp_index and version_changes and sha256 \
-                    and not release_has_sha:
-                out.append(f"sha256 = {json.dumps(sha256)}\n")
+            if section == "components.release" and comp == comp_index and version_changes:
+                if sha256 and not release_has_sha:
+                    out.append(f"sha256 = {json.dumps(sha256)}\n")
+                out.extend(_wheel_tables(wheels, out))
             section = h.group(2)
             if section == "components" and h.group(1) == "[[":
                 comp += 1
-            dropping = section == "components.wheel" and comp == comp_index and version_changes and wheel is None
+            dropping = comp == comp_index and version_changes and (
+                (section == "components.wheel" and wheel is None)
+                or (section in ("components.wheel", "components.wheels") and wheels is not None))
             if dropping:
                 while out and out[-1].strip() == "" and len(out) > 1 and out[-2].strip() == "":
                     out.pop()
@@ -98,12 +222,25 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
             elif key == "sha256":
                 line = put(line, "sha256", wheel[1])
         out.append(line)
-    if section == "components.release" and comp == comp_index and version_changes and sha256 and not release_has_sha:
-        out.append(f"sha256 = {json.dumps(sha256)}\n")
+    if section == "components.release" and comp == comp_index and version_changes:
+        if sha256 and not release_has_sha:
+            out.append(f"sha256 = {json.dumps(sha256)}\n")
+        out.extend(_wheel_tables(wheels, out))
     result = "".join(out)
     while result.endswith("\n\n"):
         result = result[:-1]
     return result
+
+
+def _wheel_tables(wheels: Sequence[tuple[str, str]] | None, before: list[str]) -> list[str]:
+    """[[components.wheels]] tables for `wheels` (a blank line between them and what comes before and after)."""
+    if not wheels:
+        return []
+    lines = [] if before and before[-1].strip() == "" else ["\n"]
+    for filename, sha in wheels:
+        lines += ["[[components.wheels]]\n", f"filename = {json.dumps(filename)}\n", f"sha256 = {json.dumps(sha)}\n",
+                  "\n"]
+    return lines
 
 
 def _other_refs(lines: list[str], comp_index: int) -> list[str]:
