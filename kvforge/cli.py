@@ -247,6 +247,9 @@ def target_group() -> None:
 @click.option("--as", "as_name", metavar="NAME", help="The new target's name [default: vVERSION]; with --continue or "
                                                       "--abort: which target add.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (pins, each patch's verdict, selections); write nothing.")
+@click.option("--try", "try_cpu", is_flag=True,
+              help="Also run the test modules the rescan finds new in the release on CPU (as `kvforge test --scan "
+                   "--try`) and add those that run (slow: the release's CPU test environment, then pytest).")
 @click.option("--continue", "do_continue", is_flag=True,
               help="Resume after resolving a conflict in the worktree named (or after a kill).")
 @click.option("--skip", "do_skip", is_flag=True,
@@ -256,7 +259,7 @@ def target_group() -> None:
 @click.pass_obj
 @handle_errors
 def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, as_name: str | None, dry_run: bool,
-                   do_continue: bool, do_skip: bool, do_abort: bool, as_json: bool) -> None:
+                   try_cpu: bool, do_continue: bool, do_skip: bool, do_abort: bool, as_json: bool) -> None:
     """A complete new target for vLLM release VERSION, in one step (all files or none).
 
     \b
@@ -270,7 +273,8 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
       (exit 3) with the worktree named: resolve, `git add`, then --continue (or
       --skip the patch, --abort);
     - selections checked against the new base (missing paths dropped, said), the CPU
-      selection rescanned statically; lifecycle = "maintained".
+      selection rescanned statically (--try: the modules new in the release run on
+      CPU, those that run added); lifecycle = "maintained".
     Nothing is written to targets/ or patches/ until every patch is decided; then
     patches/NAME[-COMPONENT]/ and targets/NAME.toml in one step. An existing NAME is
     refused (exit 2, never overwritten); no package index (offline) is exit 6.
@@ -281,7 +285,7 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
     if len(actions) > 1:
         raise KvforgeError("--continue, --skip and --abort exclude each other", EXIT_USAGE)
     finish(targetadd.run(cache, actions[0] if actions else "start", version, from_target=from_target,
-                         as_name=as_name, dry_run=dry_run, progress=progress), as_json)
+                         as_name=as_name, dry_run=dry_run, try_cpu=try_cpu, progress=progress), as_json)
 
 
 @cli.command("base")

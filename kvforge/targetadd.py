@@ -47,6 +47,7 @@ from .rebase.state import (Digests, Plan, State, StopKind, Step, dir_digest, fil
                            state_dir)
 from .rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 from .report import table
+from .selection import scan_target
 from .series import lint_directory
 from .targets import Component, Release, Target, display_path, load_all, load_target, parse_target, \
     project_root, target_name_problem
@@ -142,6 +143,8 @@ class TargetAddResult:
                              f"({len(s.get('judged_before', []))} left out in {self.from_target} as not CPU)")
                 if s.get("dropped"):
                     line += f"; dropped (not in {c.version}): {', '.join(s['dropped'])}"
+                if s.get("added"):
+                    line += f"; added (new in {c.version}, run on CPU: --try): {', '.join(s['added'])}"
                 if s.get("unlisted"):
                     line += (f"; new in {c.version}, not tried on CPU (`kvforge test -t {self.name} --scan --try`): "
                              f"{', '.join(s['unlisted'])}")
@@ -177,6 +180,7 @@ class AddState:
     series_digests: dict[str, str] = field(default_factory=dict)  # committing: component -> written directory
     notes: list[str] = field(default_factory=list)
     started: str = ""
+    try_cpu: bool = False  # --try: the modules new in the release tried on CPU (kvforge test --scan --try)
 
 
 def _ta_dir(cache: Cache, name: str) -> Path:
@@ -232,12 +236,14 @@ def _lock(cache: Cache, name: str, progress: Progress):
 
 
 def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: str | None = None,
-        dry_run: bool = False, progress: Progress = quiet) -> TargetAddResult:
+        dry_run: bool = False, try_cpu: bool = False, progress: Progress = quiet) -> TargetAddResult:
     """Add the target for vLLM `version` (a release on the package index): see the module docstring.
 
     Returns a TargetAddResult (an Outcome): state "done" (every file written), "planned" (dry_run: nothing
     written, every patch given a verdict), or "stopped" (exit 3: a patch does not apply or the signals
-    disagree; `add_continue` / `add_abort`). Bad input is a KvforgeError exit 2 before any work (a version
+    disagree; `add_continue` / `add_abort`). `try_cpu`: the CPU selection's rescan also runs the modules new in
+    the release on the new base in its CPU test environment (kvforge.selection.scan_target, as `kvforge test
+    --scan --try`) and adds those that run; slow (the environment, then pytest). Bad input is a KvforgeError exit 2 before any work (a version
     that is not X.Y.Z[rcN], a name that is taken, an unknown --from); no package index (offline,
     $KVFORGE_OFFLINE=1, unreachable) is exit 6: a complete target needs its sha256 pins from the index."""
     start = time.monotonic()
@@ -260,7 +266,7 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
         new_target, left_out, notes = _plan_target(root, old, version, name, progress)
         ta = AddState(name=name, version=version, from_target=old.name, root=str(root), root_id=project_id(root),
                       target_text=render_target(new_target, root), components=[c.name for c in new_target.components],
-                      left_out=left_out, upstream={}, notes=notes,
+                      left_out=left_out, upstream={}, notes=notes, try_cpu=try_cpu,
                       started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         seconds = {"index": round(time.monotonic() - t0, 3)}
         if not dry_run:
@@ -324,15 +330,17 @@ def add_abort(cache: Cache, name: str | None = None, progress: Progress = quiet)
 
 
 def run(cache: Cache, action: str, version: str | None = None, *, from_target: str | None = None,
-        as_name: str | None = None, dry_run: bool = False, progress: Progress = quiet) -> TargetAddResult:
-    """The CLI's one call: action start | continue | abort."""
+        as_name: str | None = None, dry_run: bool = False, try_cpu: bool = False,
+        progress: Progress = quiet) -> TargetAddResult:
+    """The CLI's one call: action start | continue | skip | abort."""
     if action == "start":
         if not version:
             raise KvforgeError("VERSION is required (e.g. `kvforge target add 0.21.0`), or --continue / --abort",
                                EXIT_USAGE)
-        return add(cache, version, from_target=from_target, as_name=as_name, dry_run=dry_run, progress=progress)
-    if version or from_target or dry_run:
-        raise KvforgeError(f"--{action} takes no VERSION, --from or --dry-run: they were fixed when the target add "
+        return add(cache, version, from_target=from_target, as_name=as_name, dry_run=dry_run, try_cpu=try_cpu,
+                   progress=progress)
+    if version or from_target or dry_run or try_cpu:
+        raise KvforgeError(f"--{action} takes no VERSION, --from, --dry-run or --try: they were fixed when the target add "
                            "started (--as NAME says which one)", EXIT_USAGE)
     if action in ("continue", "skip"):
         return add_continue(cache, as_name, progress, skip_patch=action == "skip")
@@ -609,10 +617,42 @@ def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State],
             tx.commit()
         written.append(display_path(dest))
         crashpoint("targetadd:series-written")
+    if ta.try_cpu and not tfile.is_file():
+        _try_new_modules(cache, ta, final, selections, progress)
     if not tfile.is_file():
         atomic_write_text(tfile, ta.final_text)
     crashpoint("targetadd:target-written")
     return [*written, display_path(tfile)]
+
+
+def _try_new_modules(cache: Cache, ta: AddState, final: Target, selections: dict[str, dict],
+                     progress: Progress) -> None:
+    """--try: run the modules the rescan found new in the release on the new base in the component's CPU test
+    environment (kvforge.selection.scan_target with try_cpu, which `kvforge test --scan --try` runs; the series
+    directories are written by now, the target file not yet); those that run join the CPU selection. The target
+    file's text is recorded again before it is written."""
+    root = Path(ta.root)
+    comps = []
+    for c in final.components:
+        rep = selections.get(c.name, {}).get("cpu", {})
+        if not rep.get("unlisted"):
+            comps.append(c)
+            continue
+        # What the old release's scan found and its target left out counts as covered: only the new modules are tried.
+        probe = replace(c, tests={**c.tests, "cpu": (*c.tests["cpu"], *rep.get("judged_before", []))})
+        progress(f"{c.name}: trying {len(rep['unlisted'])} modules new in {c.release.version} on CPU (--try)")
+        trials = scan_target(Context(cache, replace(final, components=(probe,)), probe, source="sdist",
+                                     progress=progress), try_cpu=True).trials
+        runs = [t.module for t in trials if t.runs]
+        rep["tried"] = [t.to_json() for t in trials]
+        rep["unlisted"] = [m for m in rep["unlisted"] if m not in runs]
+        rep["added"] = runs
+        comps.append(replace(c, tests={**c.tests, "cpu": (*c.tests["cpu"], *runs)}))
+    final = replace(final, components=tuple(comps))
+    comments = {c.name: selection_comments(c, selections.get(c.name, {}), ta.from_target, ta.name,
+                                           ta.upstream.get(c.name)) for c in final.components}
+    ta.final_text = render_target(final, root, _header(ta), comments)
+    _save(cache, ta)
 
 
 def _discard(cache: Cache, ta: AddState, new: Target) -> None:

@@ -142,11 +142,18 @@ def selection_comments(comp: Component, report: Mapping[str, Mapping[str, Any]],
         lines = [f"From {from_target}, kept where the path exists in {comp.release.version}."]
         if r.get("dropped"):
             lines.append(f"Dropped (not in {comp.release.version}): {', '.join(r['dropped'])}.")
+        if r.get("added"):
+            lines.append("Rescanned and tried on CPU (--try): new in this release, reached by the series, runs on CPU "
+                         "(added at the end):")
+            lines += [f"  {m}" for m in r["added"]]
         if r.get("unlisted"):
-            lines.append(f"Rescanned: also reached by the series, new in this release, not tried on CPU (`kvforge "
-                         f"test -t {name} --scan --try`):")
-            lines += [f"  {m}" for m in r["unlisted"]]
-        elif "scan" in r:
+            tried = {t["module"]: t for t in r.get("tried", [])}
+            lines.append("Rescanned: also reached by the series, new in this release, " + (
+                "tried on CPU, does not run there:" if tried else
+                f"not tried on CPU (`kvforge test -t {name} --scan --try`):"))
+            lines += [f"  {m}" + (f": {tried[m]['why'][:80]}" if m in tried and tried[m].get("why") else "")
+                      for m in r["unlisted"]]
+        elif "scan" in r and not r.get("added"):
             lines.append("Rescanned on the new base: nothing new the series reaches is left out.")
         out[plat] = lines
     if comp.requires:
