@@ -68,7 +68,9 @@ def _as_target_text(plan: Plan, ctx: Context, st: State | None, wheels: tuple[Wh
     target = Target(plan.new_target, description, plan.target_file, (new,), "maintained")
     header = [f"Made by `kvforge rebase -t {plan.target} --onto {plan.onto} --as {plan.new_target}` ({plan.started}):",
               "the release pinned from the package index, the series rebased, the selections checked against the",
-              "new base (kvforge target add's code)."]
+              "new base (kvforge target add's code)." if plan.onto_version is not None else
+              f"the series rebased onto the git ref {plan.onto_ref}, the selections checked against it; the offline "
+              f"source stays {release.package} {release.version} (not a release: edit it by hand if it should move)."]
     return render_target(target, plan.root, header,
                          {comp.name: selection_comments(new, report, plan.target, plan.new_target, None)})
 
