@@ -54,6 +54,9 @@ from .targets import Component, Release, Target, display_path, load_all, load_ta
 from .trees import open_stack
 
 STATE_VERSION = 1
+# The component of a target made in a project that has none yet (kvforge init): vLLM, an empty series.
+FRESH_VLLM = Component(name="vllm", repo="https://github.com/vllm-project/vllm.git", ref="v0", release=Release("vllm", "0"),
+                       series_dir=Path("patches"), platforms=("cpu", "cuda"), tests={"cpu": (), "cuda": ()})
 ACTIONS = ("start", "continue", "skip", "abort")
 
 
@@ -125,7 +128,7 @@ class TargetAddResult:
                 continue
             up = f", upstream commit {c.upstream_commit}" if c.upstream_commit else ""
             out.append(f"{c.name}: {c.package} {c.version} ({c.ref}{up}), sdist sha256 {(c.sha256 or '')[:12]}…, "
-                       f"series {c.series} from {c.from_series}")
+                       f"series {c.series} " + (f"from {c.from_series}" if c.from_series else "(empty: a first target)"))
             for w in c.wheels:
                 out.append(f"  wheel {w['arch']}: {w['filename']} (sha256 {w['sha256'][:12]}…)")
             if c.patches:
@@ -150,7 +153,8 @@ class TargetAddResult:
                              f"{', '.join(s['unlisted'])}")
                 out.append(line)
         head = {"done": "added", "planned": "plan (dry run, nothing written)", "stopped": "stopped"}[self.state]
-        out.append(f"{head}: target {self.name} for vLLM {self.version} from {self.from_target}")
+        out.append(f"{head}: target {self.name} for vLLM {self.version} "
+                   + (f"from {self.from_target}" if self.from_target else "(the project's first target)"))
         if self.written:
             out.append("written: " + ", ".join(self.written))
         if self.seconds:
@@ -264,7 +268,7 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
         progress(f"reading the package index for vllm {version}")
         t0 = time.monotonic()
         new_target, left_out, notes = _plan_target(root, old, version, name, progress)
-        ta = AddState(name=name, version=version, from_target=old.name, root=str(root), root_id=project_id(root),
+        ta = AddState(name=name, version=version, from_target=old.name if old else "", root=str(root), root_id=project_id(root),
                       target_text=render_target(new_target, root), components=[c.name for c in new_target.components],
                       left_out=left_out, upstream={}, notes=notes, try_cpu=try_cpu,
                       started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -284,7 +288,7 @@ def add_continue(cache: Cache, name: str | None = None, progress: Progress = qui
     name = _which(cache, root, name, "skip" if skip_patch else "continue")
     with _lock(cache, name, progress):
         ta = _require(cache, root, name)
-        old = load_target(ta.from_target, root)
+        old = load_target(ta.from_target, root) if ta.from_target else None
         new = _target_of(ta, root)
         if skip_patch:
             st = next((s for c in new.components if c.name not in ta.done
@@ -376,8 +380,9 @@ def _release_of(t: Target) -> Version | None:
         return None
 
 
-def _from_target(root: Path, version: str, name: str | None) -> Target:
-    """--from, or the newest maintained target whose vLLM base is older than `version`."""
+def _from_target(root: Path, version: str, name: str | None) -> Target | None:
+    """--from, or the newest maintained target whose vLLM base is older than `version`; None in a project with no
+    target yet (a new patch repository, kvforge init): the new target starts with an empty series."""
     if name is not None:
         t = load_target(name, root)
         if t.components[0].release.package.replace("-", "_") != "vllm":
@@ -385,6 +390,8 @@ def _from_target(root: Path, version: str, name: str | None) -> Target:
                                EXIT_USAGE)
         return t
     want = Version(version)
+    if not list((root / "targets").glob("*.toml")):
+        return None
     older = [(v, t) for t in load_all(root) if t.lifecycle == "maintained" and (v := _release_of(t)) is not None
              and v < want and t.components[0].release.package.replace("-", "_") == "vllm"]
     if not older:
@@ -393,7 +400,7 @@ def _from_target(root: Path, version: str, name: str | None) -> Target:
     return max(older, key=lambda vt: (vt[0], len(vt[1].components)))[1]
 
 
-def _plan_target(root: Path, old: Target, version: str, name: str,
+def _plan_target(root: Path, old: Target | None, version: str, name: str,
                  progress: Progress) -> tuple[Target, dict[str, str], list[str]]:
     """The new target before its series are rebased: each component's release and pins (left out with a reason
     when its upstream has no matching release), series directories, the from-target's selections."""
@@ -401,7 +408,7 @@ def _plan_target(root: Path, old: Target, version: str, name: str,
     left_out: dict[str, str] = {}
     notes: list[str] = []
     vllm_version = version
-    for i, c in enumerate(old.components):
+    for i, c in enumerate(old.components if old else (FRESH_VLLM,)):
         package = c.release.package
         rel_version = version
         if i > 0:
@@ -434,7 +441,8 @@ def _plan_target(root: Path, old: Target, version: str, name: str,
         notes.append(f"{cname} left out: {why}")
     asc = [f"{c.release.package} {c.release.version}" for c in comps[1:]]
     description = f"vLLM {version}" + (f" with {', '.join(asc)}" if asc else "")
-    target = Target(name=name, description=f"{description} (kvforge target add from {old.name})",
+    origin = f"from {old.name}" if old else "with an empty series"
+    target = Target(name=name, description=f"{description} (kvforge target add {origin})",
                     path=root / "targets" / f"{name}.toml", components=tuple(comps), lifecycle="maintained")
     return target, left_out, notes
 
@@ -491,11 +499,13 @@ def _start_component(ctx_old: Context, ctx_new: Context, ta: AddState, dry_run: 
     return st
 
 
-def _drive(cache: Cache, ta: AddState, old: Target, new: Target, dry_run: bool, resuming: bool, progress: Progress,
+def _drive(cache: Cache, ta: AddState, old: Target | None, new: Target, dry_run: bool, resuming: bool, progress: Progress,
            start: float, seconds: dict[str, float]) -> TargetAddResult:
     """Rebase every component not done yet (resuming the one stopped), then write the target."""
     states: dict[str, State] = {}
     for comp in new.components:
+        if old is None:
+            break
         ctx_old, ctx_new = _contexts(cache, old, new, comp.name, progress)
         st = load(ctx_new)
         if comp.name in ta.done and st is not None:
@@ -518,6 +528,9 @@ def _drive(cache: Cache, ta: AddState, old: Target, new: Target, dry_run: bool, 
             ta.done.append(comp.name)
             _save(cache, ta)
             crashpoint("targetadd:component-done")
+    if old is None:  # a first target: its bases are imported for their upstream commit; nothing to rebase
+        for comp in new.components:
+            ta.upstream[comp.name] = ensure_base(comp, cache, "sdist", None, progress).upstream_commit or "unknown"
     t0 = time.monotonic()
     final, selections = _final_target(new, old, states)
     seconds["selections"] = round(time.monotonic() - t0, 3)
@@ -558,13 +571,16 @@ def _stopped(ta: AddState, new: Target, states: dict[str, State], st: State, sec
 # ---------------------------------------------------------------- selections on the new base
 
 
-def _final_target(new: Target, old: Target, states: dict[str, State]) -> tuple[Target, dict[str, dict]]:
+def _final_target(new: Target, old: Target | None, states: dict[str, State]) -> tuple[Target, dict[str, dict]]:
     """The new target with every component completed on its new base (kvforge.rebase.retarget.complete_component:
     selections checked, the CPU one rescanned), and what that did per component."""
     comps = []
     report: dict[str, dict] = {}
     for c in new.components:
-        st = states[c.name]
+        st = states.get(c.name)
+        if st is None or old is None:  # a first target: empty series and selections
+            comps.append(c)
+            continue
         done, report[c.name] = complete_component(c, old.component(c.name), st.plan.repo, st.plan.new_base, st.head,
                                                   st.plan.old_base, st.plan.old_head)
         comps.append(done)
@@ -575,9 +591,11 @@ def _final_target(new: Target, old: Target, states: dict[str, State]) -> tuple[T
 
 
 def _header(ta: AddState) -> list[str]:
-    lines = [f"Made by `kvforge target add {ta.version} --from {ta.from_target}` ({ta.started}): every component's",
-             "release pinned from the package index, its series rebased from the from-target's, its selections",
-             "checked against the new base."]
+    lines = [f"Made by `kvforge target add {ta.version}{' --from ' + ta.from_target if ta.from_target else ''}` "
+             f"({ta.started}): every component's"]
+    lines += ["release pinned from the package index, its series rebased from the from-target's, its selections",
+              "checked against the new base."] if ta.from_target else \
+        ["release pinned from the package index; the project had no target: an empty series and selection."]
     for cname, why in ta.left_out.items():
         lines.append(f"{cname} is left out: {why}")
     return lines
@@ -601,7 +619,7 @@ def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State],
                            EXIT_USAGE)
     written = []
     for c in final.components:
-        st = states[c.name]
+        st = states.get(c.name)
         dest = c.series_dir
         digest = ta.series_digests.get(c.name)
         if digest and dir_digest(dest) == digest:
@@ -612,7 +630,8 @@ def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State],
                                f"as it is and nothing more was written (`kvforge target add --abort --as {ta.name}` "
                                "removes what it wrote)", EXIT_USAGE)
         with seriesdir.transaction(dest, progress, crash="targetadd", lint=lint_directory, show=display_path) as tx:
-            ta.series_digests[c.name] = dir_digest(stage_series(tx, st))
+            staged = stage_series(tx, st) if st is not None else tx.stage({seriesdir.SERIES_FILE: b""})
+            ta.series_digests[c.name] = dir_digest(staged)
             _save(cache, ta)
             tx.commit()
         written.append(display_path(dest))
@@ -696,7 +715,7 @@ def _require(cache: Cache, root: Path, name: str) -> AddState:
 def _result(ta: AddState, target: Target, states: dict[str, State], selections: dict[str, dict],
             state: str) -> TargetAddResult:
     root = Path(ta.root)
-    old_series = {c.name: c for c in load_target(ta.from_target, root).components}
+    old_series = {c.name: c for c in load_target(ta.from_target, root).components} if ta.from_target else {}
     comps: list[ComponentResult] = []
     for cname in [*ta.components, *ta.left_out]:
         if cname in ta.left_out:

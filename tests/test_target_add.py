@@ -335,3 +335,25 @@ def test_add_0210_follows_vllm_ascend_0210rc1(copy_project, real_cache):
     r = run_kvforge("apply", "-t", "v0.21.0", "--json", cwd=copy_project.parent)
     assert r.returncode == 0, r.stderr
     assert (copy_project.parent / "vllm-v0.21.0").is_dir() and (copy_project.parent / "vllm-ascend-v0.21.0").is_dir()
+
+
+@pytest.mark.slow
+def test_first_target_in_a_project_without_targets(tmp_path, monkeypatch, real_cache):
+    """A new patch repository (kvforge init): no target to seed from, so the first target has vLLM's pins, its
+    upstream commit, an empty series and empty selections; it lints, applies and is in the matrix."""
+    root = tmp_path / "mine"
+    (root / "targets").mkdir(parents=True)
+    (root / "patches").mkdir()
+    monkeypatch.setenv("KVFORGE_ROOT", str(root))
+    monkeypatch.delenv("KVFORGE_OFFLINE", raising=False)
+    r = run_kvforge("target", "add", "0.21.0", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["from_target"] == "" and data["components"][0]["upstream_commit"] == "9da56fd18"
+    target = tomllib.loads((root / "targets" / "v0.21.0.toml").read_text())
+    comp = target["components"][0]
+    assert comp["ref"] == "v0.21.0" and comp["tests"] == {"cpu": [], "cuda": []} and len(comp["wheels"]) == 2
+    assert (root / "patches" / "v0.21.0" / "series").read_text() == ""
+    assert kvforge("lint").exit_code == 0 and kvforge("matrix").exit_code == 0
+    r = run_kvforge("apply", "-t", "v0.21.0", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
