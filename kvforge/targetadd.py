@@ -55,8 +55,9 @@ from .trees import open_stack
 
 STATE_VERSION = 1
 # The component of a target made in a project that has none yet (kvforge init): vLLM, an empty series.
-FRESH_VLLM = Component(name="vllm", repo="https://github.com/vllm-project/vllm.git", ref="v0", release=Release("vllm", "0"),
-                       series_dir=Path("patches"), platforms=("cpu", "cuda"), tests={"cpu": (), "cuda": ()})
+FRESH_VLLM = Component(name="vllm", repo="https://github.com/vllm-project/vllm.git", ref="v0",
+                       release=Release("vllm", "0"), series_dir=Path("patches"), platforms=("cpu", "cuda"),
+                       tests={"cpu": (), "cuda": ()})
 ACTIONS = ("start", "continue", "skip", "abort")
 
 
@@ -247,9 +248,10 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
     written, every patch given a verdict), or "stopped" (exit 3: a patch does not apply or the signals
     disagree; `add_continue` / `add_abort`). `try_cpu`: the CPU selection's rescan also runs the modules new in
     the release on the new base in its CPU test environment (kvforge.selection.scan_target, as `kvforge test
-    --scan --try`) and adds those that run; slow (the environment, then pytest). Bad input is a KvforgeError exit 2 before any work (a version
-    that is not X.Y.Z[rcN], a name that is taken, an unknown --from); no package index (offline,
-    $KVFORGE_OFFLINE=1, unreachable) is exit 6: a complete target needs its sha256 pins from the index."""
+    --scan --try`) and adds those that run; slow (the environment, then pytest). Bad input is a KvforgeError
+    exit 2 before any work (a version that is not X.Y.Z[rcN], a name that is taken, an unknown --from); no
+    package index (offline, $KVFORGE_OFFLINE=1, unreachable) is exit 6: a complete target needs its sha256
+    pins from the index. An error after the work began (a download) keeps the state: --continue or --abort."""
     start = time.monotonic()
     root = project_root()
     if not isinstance(version, str) or not RELEASE_RE.fullmatch(version):
@@ -268,7 +270,8 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
         progress(f"reading the package index for vllm {version}")
         t0 = time.monotonic()
         new_target, left_out, notes = _plan_target(root, old, version, name, progress)
-        ta = AddState(name=name, version=version, from_target=old.name if old else "", root=str(root), root_id=project_id(root),
+        ta = AddState(name=name, version=version, from_target=old.name if old else "", root=str(root),
+                      root_id=project_id(root),
                       target_text=render_target(new_target, root), components=[c.name for c in new_target.components],
                       left_out=left_out, upstream={}, notes=notes, try_cpu=try_cpu,
                       started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
