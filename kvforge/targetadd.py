@@ -565,7 +565,8 @@ def _stopped(ta: AddState, new: Target, states: dict[str, State], st: State, sec
                           "was written to targets/ or patches/)")
     else:
         result.message = (f"{st.plan.component}: {p.name}: the signals disagree whether {st.plan.onto_ref} already "
-                          f"has it ({p.reason}). {cont} carries it, `--skip --as {ta.name}` drops it; `--abort --as {ta.name}` stops (nothing was "
+                          f"has it ({p.reason}). {cont} carries it, `--skip --as {ta.name}` drops it; "
+                          f"`--abort --as {ta.name}` stops (nothing was "
                           "written to targets/ or patches/)")
     result.seconds = {**seconds, "total": round(time.monotonic() - start, 3)}
     return result
