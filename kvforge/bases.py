@@ -445,15 +445,27 @@ def _receive(url: str, out: BinaryIO, size: int, say: Progress, downloads: Path)
 def release_files(package: str, version: str) -> tuple[str, list[dict]]:
     """PyPI's JSON for one release: (the index URL read, the release's file entries; [] if none).
     The one reader of the package index: sdists (here), wheels (build) and new bases (rebase)."""
+    index, releases = _releases(package)
+    files = releases.get(version) if isinstance(releases, dict) else None
+    return index, [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+
+
+def release_versions(package: str) -> list[str]:
+    """Every version the package index lists for `package` that has at least one file (index order)."""
+    _index, releases = _releases(package)
+    return [v for v, files in releases.items() if isinstance(files, list) and files] \
+        if isinstance(releases, dict) else []
+
+
+def _releases(package: str) -> tuple[str, object]:
+    """(the index URL read, its "releases" mapping) of PyPI's JSON for `package`."""
     index = f"{pypi_url()}/pypi/{package}/json"
     try:
         with urllib.request.urlopen(index, timeout=60) as resp:
             meta = json.load(resp)
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise KvforgeError(f"cannot read the package index {index}: {_network_reason(exc)}", EXIT_NETWORK) from None
-    releases = meta.get("releases") if isinstance(meta, dict) else None
-    files = releases.get(version) if isinstance(releases, dict) else None
-    return index, [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+    return index, meta.get("releases") if isinstance(meta, dict) else None
 
 
 def _sdist_url(rel: Release) -> tuple[str, str | None, int]:

@@ -234,6 +234,60 @@ def targets_cmd(cache: Cache, as_json: bool) -> None:
     finish(targets.targets_command(), as_json)
 
 
+@cli.group("target")
+def target_group() -> None:
+    """Make targets: `kvforge target add VERSION` (see docs/targets.md)."""
+
+
+@target_group.command("add")
+@click.argument("version", required=False, metavar="VERSION")
+@click.option("--from", "from_target", metavar="TARGET",
+              help="Seed the series from this target [default: the newest maintained target whose vLLM base is "
+                   "older than VERSION].")
+@click.option("--as", "as_name", metavar="NAME", help="The new target's name [default: vVERSION]; with --continue or "
+                                                      "--abort: which target add.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (pins, each patch's verdict, selections); write nothing.")
+@click.option("--try", "try_cpu", is_flag=True,
+              help="Also run the test modules the rescan finds new in the release on CPU (as `kvforge test --scan "
+                   "--try`) and add those that run (slow: the release's CPU test environment, then pytest).")
+@click.option("--continue", "do_continue", is_flag=True,
+              help="Resume after resolving a conflict in the worktree named (or after a kill).")
+@click.option("--skip", "do_skip", is_flag=True,
+              help="Drop the patch it stopped at (recorded as skipped in the new series' ledger) and go on.")
+@click.option("--abort", "do_abort", is_flag=True, help="Stop; targets/ and patches/ stay as they were.")
+@json_option
+@click.pass_obj
+@handle_errors
+def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, as_name: str | None, dry_run: bool,
+                   try_cpu: bool, do_continue: bool, do_skip: bool, do_abort: bool, as_json: bool) -> None:
+    """A complete new target for vLLM release VERSION, in one step (all files or none).
+
+    \b
+    - vLLM's PyPI sdist pinned by sha256, its upstream commit (from _version.py), its
+      release wheels per architecture (highest build number) as [[components.wheels]];
+    - each further component (vllm-ascend) follows its release for VERSION (0.21.0 ->
+      vllm_ascend 0.21.0rc1, branch releases/v0.21.0rc), pinned the same way, or is
+      left out with the reason (0.22.0: none on PyPI);
+    - each component's series seeded by rebasing the --from target's series onto the
+      new base (verdicts and signals per patch, as kvforge rebase); a conflict stops
+      (exit 3) with the worktree named: resolve, `git add`, then --continue (or
+      --skip the patch, --abort);
+    - selections checked against the new base (missing paths dropped, said), the CPU
+      selection rescanned statically (--try: the modules new in the release run on
+      CPU, those that run added); lifecycle = "maintained".
+    Nothing is written to targets/ or patches/ until every patch is decided; then
+    patches/NAME[-COMPONENT]/ and targets/NAME.toml in one step. An existing NAME is
+    refused (exit 2, never overwritten); no package index (offline) is exit 6.
+    """
+    from . import targetadd
+
+    actions = [a for a, on in (("continue", do_continue), ("skip", do_skip), ("abort", do_abort)) if on]
+    if len(actions) > 1:
+        raise KvforgeError("--continue, --skip and --abort exclude each other", EXIT_USAGE)
+    finish(targetadd.run(cache, actions[0] if actions else "start", version, from_target=from_target,
+                         as_name=as_name, dry_run=dry_run, try_cpu=try_cpu, progress=progress), as_json)
+
+
 @cli.command("base")
 @target_option
 @component_option

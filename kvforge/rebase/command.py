@@ -208,9 +208,10 @@ def _check_new_target(root: Path, ctx: Context, name: str) -> None:
     if len(ctx.target.components) > 1:
         others = ", ".join(c.name for c in ctx.target.components if c.name != ctx.component.name)
         raise KvforgeError(f"--as {name}: {ctx.target.name} has more than one component ({others} besides "
-                           f"{ctx.component.name}); a new target would share their series directories and refs. "
-                           f"Rebase {ctx.target.name} in place, or make targets/{name}.toml by hand first "
-                           "(--as for multi-component targets is a follow-up)", EXIT_USAGE)
+                           f"{ctx.component.name}); rebase moves one component's series, and a new target needs "
+                           f"each component's own release and series: `kvforge target add VERSION --from "
+                           f"{ctx.target.name} --as {name}` makes it (every component rebased, pinned, checked)",
+                           EXIT_USAGE)
     if (root / "targets" / f"{name}.toml").exists():
         raise KvforgeError(f"--as {name}: targets/{name}.toml exists; choose a new name", EXIT_USAGE)
     d = root / "patches" / name

@@ -38,10 +38,10 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
         changed = changed_files(st)
         if changed:
             _keep_both(ctx, st, changed)
-        st.target_text = new_target_text(plan, ctx)
+        st.target_text = new_target_text(plan, ctx, st)
         st.phase = Phase.COMMITTING
         with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path) as tx:
-            st.new_series_digest = dir_digest(_stage(tx, st))
+            st.new_series_digest = dir_digest(stage_series(tx, st))
             save(st)  # the commit point: from here on, every run finishes this
             crashpoint("rebase:commit-staged")
             tx.commit()
@@ -57,7 +57,7 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
                 staged = tx.staged()
                 if staged is None or dir_digest(staged) != st.new_series_digest:
                     tx.recover()
-                    _stage(tx, st)
+                    stage_series(tx, st)
                 tx.commit()
     crashpoint("rebase:series-swapped")
     text = st.target_text or ""
@@ -106,9 +106,9 @@ def _keep_both(ctx: Context, st: State, changed: list[Path]) -> None:
     kept = plan.state_dir.parent / "kept" / f"{plan.state_dir.name}-{stamp}"
     dest = kept / "patches" / plan.series_dir.name
     with seriesdir.transaction(dest, ctx.say, crash="rebase-kept", lint=lint_directory, show=str) as tx:
-        _stage(tx, st)
+        stage_series(tx, st)
         tx.commit()
-    text = st.target_text if st.target_text is not None else new_target_text(plan, ctx)
+    text = st.target_text if st.target_text is not None else new_target_text(plan, ctx, st)
     atomic_write_text(kept / "targets" / plan.target_file.name, text)
     if st.worktree_ready:
         release_worktree(plan.worktree)
@@ -119,7 +119,7 @@ def _keep_both(ctx: Context, st: State, changed: list[Path]) -> None:
                        f"{kept} (compare, then copy or `kvforge export` what you keep)", EXIT_USAGE)
 
 
-def _stage(tx: seriesdir.Transaction, st: State) -> Path:
+def stage_series(tx: seriesdir.Transaction, st: State) -> Path:
     """The complete new series directory staged by `tx` (linted): the carried commits, the series file, the
     ledger with this rebase's drops appended, and the old directory's other files."""
     plan = st.plan

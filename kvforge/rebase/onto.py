@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from .. import gitutil
-from ..bases import pypi_url, release_files
+from ..bases import pypi_url, release_files, release_versions
+from ..build import choose_wheels
 from ..context import Context
 from ..errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from ..fsutil import sha256_file
@@ -30,7 +33,8 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
     """The component moved onto `onto`: (component, where its sha256 came from, notes).
 
     VERSION (no --repo): the PyPI sdist of that release, its sha256 taken from PyPI's JSON (offline:
-    from an archive already in the cache, and said so). REF with --repo/--source git: that ref; a
+    from an archive already in the cache, and said so), and its release wheels per architecture
+    (kvforge.build.choose_wheels: highest build number, whatever the manylinux tag). REF with --repo/--source git: that ref; a
     version-like ref (v0.21.0) also moves the offline source to that release.
     """
     comp = ctx.component
@@ -56,7 +60,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         return replace(comp, ref=ref), "git", notes
     version = m.group(1)
     release = Release(comp.release.package, version, None)
-    wheel_sha: tuple[str, str] | None = None
+    pins: tuple[WheelPin, ...] = ()
     if os.environ.get("KVFORGE_OFFLINE"):
         files = None
     else:
@@ -74,11 +78,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
             raise KvforgeError(f"--onto {onto}: {release.package} {version} has no sdist {release.filename} on the "
                                "package index (a rebase needs the release source)", EXIT_USAGE)
         source = "pypi"
-        if comp.wheel is not None:
-            wanted = comp.wheel.filename.replace(f"-{comp.release.version}-", f"-{version}-", 1)
-            wsha = _sha_of(files, wanted)
-            if wsha:
-                wheel_sha = (wanted, wsha)
+        pins = tuple(pin for _arch, pin in sorted(choose_wheels(release.package, version).items()))
     else:
         local = ctx.cache.downloads / release.filename
         if not local.is_file():
@@ -87,11 +87,65 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         sha = sha256_file(local)
         source = "local archive (offline: not checked against PyPI)"
         notes.append(f"sha256 of {release.filename} taken from the cached archive, not from PyPI (offline)")
-    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheels=())
-    if comp.wheel is not None:
-        if wheel_sha:
-            new = replace(new, wheels=(WheelPin(*wheel_sha),))
-        else:
-            notes.append(f"no wheel like {comp.wheel.filename} found for {version}: [components.wheel] is removed "
-                         "(pin one by hand for `kvforge build`)")
+    new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheels=pins)
+    if comp.wheels and not pins:
+        notes.append(f"no release wheel of {release.package} {version} on the package index"
+                     f"{'' if files is not None else ' (offline)'}: its wheel pins are removed (kvforge build needs one)")
     return new, source, notes
+
+
+# ---------------------------------------------------------------- a release's pins (kvforge target add, rebase --as)
+
+
+RELEASE_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:(?:rc|\.post)[0-9]+)?", re.ASCII)  # 0.21.0, 0.21.0rc1
+
+
+@dataclass(frozen=True)
+class ReleasePins:
+    """What the package index says about one release: its sdist's sha256 and the release wheels kvforge
+    build overlays (per architecture, highest build number: kvforge.build.choose_wheels)."""
+
+    package: str
+    version: str
+    sha256: str
+    wheels: tuple[WheelPin, ...]
+    index: str
+
+
+def release_pins(package: str, version: str) -> ReleasePins | None:
+    """The pins of `package`==`version` from the package index (None: the index has no such release or no sdist
+    of it). Network problems are KvforgeError exit 6 (bases.release_files)."""
+    index, files = release_files(package, version)
+    rel = Release(package, version)
+    sha = _sha_of(files, rel.filename) if files else None
+    if not sha:
+        return None
+    wheels = tuple(pin for _arch, pin in sorted(choose_wheels(package, version).items()))
+    return ReleasePins(package, version, sha.lower(), wheels, index)
+
+
+def matching_release(package: str, vllm_version: str) -> tuple[str | None, list[str]]:
+    """The release of `package` (vllm_ascend) made for vLLM `vllm_version`: the newest one whose X.Y.Z is that
+    version (0.21.0 -> 0.21.0rc1; a final release over its candidates). (None, the index's nearby versions) when
+    there is none (0.22.0: vllm-ascend skipped it and released 0.22.1rc1)."""
+    want = Version(vllm_version).release
+    versions = []
+    for v in release_versions(package):
+        try:
+            versions.append(Version(v))
+        except InvalidVersion:
+            continue
+    same = sorted(v for v in versions if v.release == want and not v.is_devrelease)
+    if same:
+        return str(same[-1]), []
+    near = sorted(v for v in versions if v.release[:2] == want[:2])
+    return None, [str(v) for v in near]
+
+
+def release_ref(package: str, version: str) -> str:
+    """The upstream git ref of a release: vLLM's tag vX.Y.Z; vllm-ascend's release branch for a candidate
+    (0.21.0rc1 -> releases/v0.21.0rc, as releases/v0.20.2rc), else its tag vX.Y.Z."""
+    v = Version(version)
+    if package.replace("-", "_") != "vllm" and v.pre is not None and v.pre[0] == "rc":
+        return f"releases/v{v.base_version}rc"
+    return f"v{version}"
