@@ -33,14 +33,52 @@ PINNED_OPTS = ("--subject-prefix=PATCH", "--no-numbered", "--no-signoff", "--no-
                "--indent-heuristic", "--encode-email-headers")
 
 
+# format_patches' results, (repository, full commit id) -> bytes: the bytes are a function of the commit id alone
+# (every setting that changes them is pinned), so a later format_patch of that commit in this process reads them here.
+_FORMATTED: dict[tuple[Path, str], bytes] = {}
+_ZERO = b"0" * 40
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
 def format_patch(repo: Path, commit: str) -> bytes:
     """The commit as a patch file: the same bytes on any machine, whatever the user's or the tree's git config
     (every byte-affecting setting is pinned above; renames as renames, non-ASCII paths unquoted)."""
+    if _FULL_SHA.match(commit):
+        known = _FORMATTED.get((Path(repo).resolve(), commit))
+        if known is not None:
+            return known
     res = gitutil.run(repo, *PINNED_CONFIG, *FORMAT_PATCH, *PINNED_OPTS, commit, binary=True, check=False)
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise KvforgeError(f"git format-patch failed in {repo}: {last}", EXIT_ENV)
     return res.stdout
+
+
+def format_patches(repo: Path, base: str, commits: list[str]) -> None:
+    """Format the linear stack `commits` on `base` (full ids, oldest first) with ONE `git format-patch`, for the
+    format_patch calls that follow (kvforge.rebase.commit reads each carried commit). Each patch is written
+    with its own commit id in its `From` line (read back to pair file and commit, then zeroed: the bytes of
+    --zero-commit); a result that does not pair one file with each commit is dropped (format_patch then runs
+    per commit), so a later format_patch returns exactly what it would have computed alone."""
+    if len(commits) < 2 or not all(_FULL_SHA.match(c) for c in commits):
+        return
+    opts = [o for o in FORMAT_PATCH if o not in ("-1", "--stdout", "--zero-commit")]
+    with tempfile.TemporaryDirectory(prefix="kvforge-format-") as tmp:
+        res = gitutil.run(repo, *PINNED_CONFIG, *opts, *PINNED_OPTS, "--numbered-files", "-o", tmp,
+                          f"{base}..{commits[-1]}", check=False)
+        if res.returncode != 0:
+            return
+        found: dict[str, bytes] = {}
+        for f in Path(tmp).iterdir():
+            raw = f.read_bytes()
+            m = re.match(rb"^From ([0-9a-f]{40}) ", raw)
+            if m is None:
+                return
+            found[m.group(1).decode()] = raw[:5] + _ZERO + raw[45:]
+    if sorted(found) != sorted(commits):
+        return
+    key = Path(repo).resolve()
+    _FORMATTED.update({(key, c): raw for c, raw in found.items()})
 
 
 @dataclass
@@ -80,6 +118,10 @@ def ensure_worktree(repo: Path, path: Path, commit: str) -> bool:
     `repo`; a `git am` an earlier run left stopped in it is aborted) and return True; otherwise make it
     afresh at `commit` and return False. A stale registration (listed by `repo` while the directory
     belongs to another repository, or is gone) is repaired, never trusted."""
+    if _linked_both_ways(repo, path):  # the usual case, read from git's own files: no git process
+        if am_in_progress(path):
+            gitutil.run(path, "am", "--abort", check=False)
+        return True
     listed = gitutil.run(repo, "worktree", "list", "--porcelain", check=False).stdout
     registered = f"worktree {path}\n" in listed + "\n"
     if registered and (path / ".git").exists() and _common_dir(path) == repo.resolve():
@@ -95,6 +137,37 @@ def ensure_worktree(repo: Path, path: Path, commit: str) -> bool:
         remove_worktree(repo, path)
     add_worktree(repo, path, commit)
     return False
+
+
+def _gitfile_dir(path: Path) -> Path | None:
+    """The git directory a worktree's `.git` file names (`gitdir: DIR`), None when it is not such a file."""
+    dotgit = path / ".git"
+    if os.environ.get("GIT_DIR") or not dotgit.is_file() or dotgit.is_symlink():
+        return None  # $GIT_DIR (git would use it) or a main worktree: git answers
+    try:
+        text = dotgit.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("gitdir: ") or text.count("\n") > 1:
+        return None
+    gitdir = Path(text[len("gitdir: "):].strip())
+    return gitdir if gitdir.is_absolute() else path / gitdir
+
+
+def _linked_both_ways(repo: Path, path: Path) -> bool:
+    """What `git worktree list` and `git rev-parse --git-common-dir` say of a healthy linked worktree, from the
+    files git keeps for it: `path/.git` names <repo>/worktrees/<id>, whose `gitdir` names `path/.git` back (so
+    `git worktree list` lists `path`) and whose `commondir` leads to `repo`. False means "ask git"."""
+    gitdir = _gitfile_dir(path)
+    if gitdir is None or gitdir.parent != repo.resolve() / "worktrees" or not (gitdir / "HEAD").is_file():
+        return False
+    try:
+        back = (gitdir / "gitdir").read_text(encoding="utf-8").rstrip()
+        common = (gitdir / "commondir").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    common_dir = Path(common) if Path(common).is_absolute() else gitdir / common
+    return back == f"{path}/.git" and common_dir.resolve() == repo.resolve()
 
 
 def _common_dir(path: Path) -> Path | None:
@@ -186,6 +259,11 @@ def am_one(worktree: Path, patch_path: Path, head: str | None) -> tuple[str, str
 
 
 def am_in_progress(worktree: Path) -> bool:
+    """A `git am` is stopped in the tree: its git directory has rebase-apply/ (read from the `.git` file of a
+    linked worktree; otherwise `git rev-parse --git-path` says where)."""
+    gitdir = _gitfile_dir(worktree)
+    if gitdir is not None and (gitdir / "HEAD").is_file():
+        return (gitdir / "rebase-apply").exists()
     path = gitutil.run(worktree, "rev-parse", "--git-path", "rebase-apply").stdout.strip()
     return (worktree / path).exists() if not os.path.isabs(path) else Path(path).exists()
 

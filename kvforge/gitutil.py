@@ -110,6 +110,40 @@ def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, env=_plain_env(env))
 
 
+def run_many(cwd: Path, calls: Sequence[Sequence[str]], env: dict | None = None, jobs: int = 0) -> list[Result]:
+    """`run(cwd, *args, check=False, env=env)` for each args in `calls`, up to `jobs` at once (default: twice the
+    CPUs): the same environment, config and decoding as `run`, results in the order of `calls`. For independent,
+    read-only git calls (checks against one index), whose cost is mostly process start-up and waiting."""
+    width = jobs or 2 * (os.cpu_count() or 1)
+    results: list[Result | None] = [None] * len(calls)
+    running: list[tuple[int, subprocess.Popen]] = []
+
+    def collect(k: int, proc: subprocess.Popen) -> None:
+        out, err = proc.communicate()
+        results[k] = Result(proc.returncode, out.decode(errors="replace").rstrip("\n"), err.decode(errors="replace"))
+
+    try:
+        for k, args in enumerate(calls):
+            if len(running) >= width:
+                collect(*running.pop(0))
+            try:
+                proc = subprocess.Popen(["git", *HERMETIC, *args], cwd=cwd, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_plain_env(env))
+            except FileNotFoundError:
+                if not Path(cwd).is_dir():
+                    raise KvforgeError(f"{cwd}: directory does not exist", EXIT_ENV) from None
+                raise KvforgeError("git is not installed or not on PATH", EXIT_ENV) from None
+            running.append((k, proc))
+        while running:
+            collect(*running.pop(0))
+    finally:
+        for _k, proc in running:  # interrupted: end what is still running
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return [r for r in results if r is not None]
+
+
 def rev_parse(cwd: Path, rev: str) -> str | None:
     res = run(cwd, "rev-parse", "--verify", "-q", rev, check=False)
     return res.stdout.strip() if res.returncode == 0 else None

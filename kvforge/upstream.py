@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from packaging.version import InvalidVersion, Version
 
@@ -100,15 +100,147 @@ def same_commit(a: str | None, b: str | None) -> bool:
 # ---------------------------------------------------------------- the signals
 
 def gather(nb: NewBase, patch: "Patch", patch_commit: str | None, *,
-           checks: "Callable[[], Signal] | None" = None) -> list[Signal]:
+           checks: "Callable[[], Signal] | None" = None, probe: "Probe | None" = None) -> list[Signal]:
     """Every signal for `patch` on `nb`, in NAMES order. `patch_commit` is the patch's commit on the
-    old base (in nb.repo) for patch-id; `checks` runs the behavioural signal (it costs a pytest run)."""
-    out = [reverse_apply_signal(nb, patch), patch_id_signal(nb, patch_commit),
-           upstream_commit_signal(nb, patch.values("Upstream-Commit"))]
+    old base (in nb.repo) for patch-id; `checks` runs the behavioural signal (it costs a pytest run);
+    `probe` (a Probe of nb) shares its reads of the base with the other patches of the series."""
+    out = [reverse_apply_signal(nb, patch, probe), patch_id_signal(nb, patch_commit, probe),
+           upstream_commit_signal(nb, patch.values("Upstream-Commit"), probe)]
     expr = patch.value("Drop-When")
-    out.append(evaluate_drop_when(expr, nb) if expr else Signal("drop-when", None, False, "no Drop-When"))
+    out.append(evaluate_drop_when(expr, nb, probe) if expr else Signal("drop-when", None, False, "no Drop-When"))
     out.append(checks() if checks is not None else Signal("checks", None, False, "not run"))
     return out
+
+
+class Probe:
+    """One new base's reads, shared by the signals of every patch of a series (a rebase plans them all
+    against one base): the base's index is read once (`git read-tree`) instead of once per check, the
+    reverse- and forward-apply checks of all the series' patches run as parallel processes in two waves
+    (forward only for the patches whose reverse check failed), the series' patch-ids come from one `git
+    cherry` over the whole stack, and which commits the repository holds from one `git cat-file
+    --batch-check`. Invariant: every answer is the one the same read made alone gives (a check against
+    the same index, the same git command); what a batch cannot answer exactly is asked alone.
+    Writes only its temporary directory, removed by close()."""
+
+    def __init__(self, nb: NewBase, patches: "Sequence[Patch]" = (), commits: "Sequence[str | None]" = ()):
+        self.nb = nb
+        self._tmp: Path | None = None
+        self._index: Path | None = None
+        self._files: dict[str, Path] = {}  # patch sha256 -> its bytes in the temporary directory
+        self._checks: dict[tuple[str, bool], tuple[bool, str]] = {}
+        self._exists: dict[str, bool] = {}
+        self._cherry: dict[str, str] = {}  # commit -> its `git cherry` line, from the one run over the stack
+        self._patches = list(patches)
+        self._commits = [c for c in commits if c]
+        self._prefetched = False
+        self._cherry_tried = False
+
+    def __enter__(self) -> "Probe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+            self._index = None
+            self._files.clear()
+
+    def _dir(self) -> Path:
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="kvforge-probe-"))
+        return self._tmp
+
+    def _env(self) -> dict[str, str]:
+        """GIT_INDEX_FILE: the base's index, read once (`git read-tree` of nb.commit) and only read after."""
+        if self._index is None:
+            index = self._dir() / "index"
+            _git(self.nb.repo, "read-tree", self.nb.commit, check=True,
+                 env={"GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": str(self._dir())})
+            self._index = index
+        return {"GIT_INDEX_FILE": str(self._index), "GIT_WORK_TREE": str(self._dir()), "GIT_DIR": str(self.nb.repo)}
+
+    def _patch_file(self, patch: "Patch") -> Path:
+        key = patch.sha256
+        if key not in self._files:
+            path = self._dir() / f"{len(self._files)}.patch"
+            path.write_bytes(patch.raw)
+            self._files[key] = path
+        return self._files[key]
+
+    # ------------------------------------------------------------ apply checks
+
+    def apply_check(self, patch: "Patch", paths: list[str], reverse: bool) -> tuple[bool, str]:
+        """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (see _apply_check)."""
+        self._prefetch()
+        key = (patch.sha256 + "\0" + "\0".join(paths), reverse)
+        if key not in self._checks:
+            self._run_checks([(patch, paths, reverse)])
+        return self._checks[key]
+
+    def _run_checks(self, todo: "list[tuple[Patch, list[str], bool]]") -> None:
+        env = self._env()
+        calls = [["apply", "--cached", "--check", *(["-R"] if reverse else []), *[f"--include={p}" for p in paths],
+                  str(self._patch_file(patch))] for patch, paths, reverse in todo]
+        for (patch, paths, reverse), res in zip(todo, gitutil.run_many(self.nb.repo.parent, calls, env=env)):
+            last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+            self._checks[(patch.sha256 + "\0" + "\0".join(paths), reverse)] = (res.returncode == 0, last)
+
+    def _prefetch(self) -> None:
+        """Every reverse check of the series at once, then the forward checks of those that failed."""
+        if self._prefetched:
+            return
+        self._prefetched = True
+        todo = [(p, code, True) for p in self._patches if (code := code_paths(p))]
+        if not todo:
+            return
+        self._run_checks(todo)
+        self._run_checks([(p, code, False) for p, code, _ in todo
+                          if not self._checks[(p.sha256 + "\0" + "\0".join(code), True)][0]])
+
+    # ------------------------------------------------------------ commits
+
+    def exists(self, commit: str) -> bool:
+        """`git cat-file -e <commit>^{commit}` succeeds; the series' commits are asked in one batch."""
+        if commit not in self._exists:
+            ask = [c for c in dict.fromkeys([*self._commits, commit]) if c not in self._exists]
+            res = _git(self.nb.repo, "cat-file", "--batch-check=%(objecttype)",
+                       stdin="".join(f"{c}^{{commit}}\n" for c in ask))
+            answers = res.stdout.split("\n") if res.returncode == 0 else []
+            if len(answers) == len(ask) and all(a == "commit" or a.endswith(" missing") for a in answers):
+                self._exists.update({c: a == "commit" for c, a in zip(ask, answers)})
+            else:  # an answer the batch cannot give exactly: ask alone
+                self._exists[commit] = _git(self.nb.repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+        return self._exists[commit]
+
+    def cherry(self, commit: str) -> str | None:
+        """The line `git cherry nb.commit <commit> <commit>^` prints for <commit> (None: not known from the one
+        run over the stack, ask alone). One `git cherry nb.commit <tip> <first>^` answers for every commit of a
+        linear stack whose first commit is not in the base: then `nb.commit ^<commit>` and `nb.commit ^<tip>`
+        are the same set of upstream commits, so each commit gets the mark it gets alone."""
+        if not self._cherry_tried and len(self._commits) > 1:
+            self._cherry_tried = True
+            self._cherry_stack()
+        return self._cherry.get(commit)
+
+    def _cherry_stack(self) -> None:
+        chain = self._commits
+        if not all(self.exists(c) for c in chain):
+            return
+        first, tip = chain[0], chain[-1]
+        listed = _git(self.nb.repo, "rev-list", "--reverse", f"{first}^..{tip}")
+        if listed.returncode != 0 or listed.stdout.split() != chain:
+            return  # not one linear stack
+        if _git(self.nb.repo, "merge-base", "--is-ancestor", first, self.nb.commit).returncode == 0:
+            return  # the base holds the stack: per commit, the later ones count as upstream
+        res = _git(self.nb.repo, "cherry", self.nb.commit, tip, f"{first}^")
+        if res.returncode != 0:
+            return
+        lines = {ln[2:]: ln for ln in res.stdout.splitlines() if len(ln) > 2}
+        if set(lines) == set(chain):
+            self._cherry.update(lines)
 
 
 def is_test_path(path: str) -> bool:
@@ -116,42 +248,53 @@ def is_test_path(path: str) -> bool:
     return path.startswith("tests/") or "/tests/" in path or name.startswith("test_") or name == "conftest.py"
 
 
-def _apply_check(nb: NewBase, patch: "Patch", paths: list[str], reverse: bool) -> tuple[bool, str]:
-    """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (a temporary index)."""
-    with tempfile.TemporaryDirectory(prefix="kvforge-apply-") as tmp:
-        index = Path(tmp) / "index"
-        patch_file = Path(tmp) / "patch"
-        patch_file.write_bytes(patch.raw)
-        env = {"GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": tmp}
-        _git(nb.repo, "read-tree", nb.commit, check=True, env=env)
-        res = _git(nb.repo, "apply", "--cached", "--check", *(["-R"] if reverse else []),
-                   *[f"--include={p}" for p in paths], str(patch_file), env=env)
-    last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
-    return res.returncode == 0, last
+def code_paths(patch: "Patch") -> list[str]:
+    """The paths the patch changes that are not tests: the fix itself, what reverse-apply checks."""
+    return [p for p in patch.touched_paths if not is_test_path(p)]
 
 
-def reverse_apply_signal(nb: NewBase, patch: "Patch") -> Signal:
-    code = [p for p in patch.touched_paths if not is_test_path(p)]
+def _apply_check(nb: NewBase, patch: "Patch", paths: list[str], reverse: bool,
+                 probe: "Probe | None" = None) -> tuple[bool, str]:
+    """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (its index, in a temporary
+    file; read once for a whole series with a `probe`)."""
+    if probe is not None:
+        return probe.apply_check(patch, paths, reverse)
+    with Probe(nb) as alone:
+        return alone.apply_check(patch, paths, reverse)
+
+
+def reverse_apply_signal(nb: NewBase, patch: "Patch", probe: "Probe | None" = None) -> Signal:
+    code = code_paths(patch)
     if not code:
         return Signal("reverse-apply", None, False, "the patch changes only tests")
     what = f"{len(code)} non-test file{'s' if len(code) > 1 else ''}"
-    back, why_back = _apply_check(nb, patch, code, reverse=True)
+    back, why_back = _apply_check(nb, patch, code, reverse=True, probe=probe)
     if back:
         return Signal("reverse-apply", True, True, f"the fix's hunks ({what}) apply in reverse: the base has them")
-    forward, _ = _apply_check(nb, patch, code, reverse=False)
+    forward, _ = _apply_check(nb, patch, code, reverse=False, probe=probe)
     if forward:
         return Signal("reverse-apply", False, False, f"the fix's hunks ({what}) still apply forward, not in reverse")
     return Signal("reverse-apply", None, False, f"applies neither way (the code changed: {why_back})")
 
 
-def patch_id_signal(nb: NewBase, patch_commit: str | None) -> Signal:
+def _commit_exists(nb: NewBase, commit: str, probe: "Probe | None") -> bool:
+    if probe is not None:
+        return probe.exists(commit)
+    return _git(nb.repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+
+
+def patch_id_signal(nb: NewBase, patch_commit: str | None, probe: "Probe | None" = None) -> Signal:
     if not nb.has_history:
         return Signal("patch-id", None, False, "no upstream history in this base (an sdist import or a shallow fetch)")
-    if not patch_commit or _git(nb.repo, "cat-file", "-e", f"{patch_commit}^{{commit}}").returncode != 0:
+    if not patch_commit or not _commit_exists(nb, patch_commit, probe):
         return Signal("patch-id", None, False, "the patch's commit is not in the base repository")
-    res = _git(nb.repo, "cherry", nb.commit, patch_commit, f"{patch_commit}^")
-    line = next((ln for ln in res.stdout.splitlines() if ln[2:].startswith(patch_commit[:12])), None)
-    if res.returncode != 0 or line is None:
+    line = probe.cherry(patch_commit) if probe is not None else None
+    if line is None:
+        res = _git(nb.repo, "cherry", nb.commit, patch_commit, f"{patch_commit}^")
+        line = next((ln for ln in res.stdout.splitlines() if ln[2:].startswith(patch_commit[:12])), None)
+        if res.returncode != 0:
+            line = None
+    if line is None:
         return Signal("patch-id", None, False, "git cherry could not compare it")
     if line.startswith("-"):
         return Signal("patch-id", True, True, "a commit since the old base has the same git patch-id --stable")
@@ -159,7 +302,7 @@ def patch_id_signal(nb: NewBase, patch_commit: str | None) -> Signal:
                                            "merge or context drift changes it)")
 
 
-def upstream_commit_signal(nb: NewBase, commits: list[str]) -> Signal:
+def upstream_commit_signal(nb: NewBase, commits: list[str], probe: "Probe | None" = None) -> Signal:
     if not commits:
         return Signal("upstream-commit", None, False, "no Upstream-Commit recorded")
     if any(same_commit(c, nb.upstream_commit) for c in commits) and len(commits) == 1:
@@ -171,7 +314,7 @@ def upstream_commit_signal(nb: NewBase, commits: list[str]) -> Signal:
                       f"{'is an ancestor' if len(commits) == 1 else 'are ancestors'}")
     known, inside = [], []
     for c in commits:
-        if _git(nb.repo, "cat-file", "-e", f"{c}^{{commit}}").returncode == 0:
+        if _commit_exists(nb, c, probe):
             known.append(c)
             if _git(nb.repo, "merge-base", "--is-ancestor", c, nb.commit).returncode == 0:
                 inside.append(c)
@@ -189,7 +332,7 @@ def upstream_commit_signal(nb: NewBase, commits: list[str]) -> Signal:
 _VERSION = re.compile(r"^version >= (\S+)$")
 
 
-def evaluate_drop_when(expr: str, nb: NewBase) -> Signal:
+def evaluate_drop_when(expr: str, nb: NewBase, probe: "Probe | None" = None) -> Signal:
     """A patch's `Drop-When` against the new base: `version >= X` (the base's release version),
     `base-contains C` (history, or the base's own recorded upstream commit), `upstream-pr-merged URL`
     (needs the network: None), `never` (no condition: None)."""
@@ -212,7 +355,7 @@ def evaluate_drop_when(expr: str, nb: NewBase) -> Signal:
         if not nb.has_history:
             built = f" (built from {nb.upstream_commit})" if nb.upstream_commit else ""
             return Signal("drop-when", None, False, f"{expr}: no history in this base{built} to look for it")
-        if _git(nb.repo, "cat-file", "-e", f"{c}^{{commit}}").returncode != 0:
+        if not _commit_exists(nb, c, probe):
             return Signal("drop-when", None, False, f"{expr}: {c} is not in the base's history")
         if _git(nb.repo, "merge-base", "--is-ancestor", c, nb.commit).returncode == 0:
             return Signal("drop-when", True, True, f"{expr}: it is an ancestor of the base")

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import gitutil, upstream
 from ..bases import Base
 from ..context import Context
-from ..engine import AM_OPTS, am_in_progress, am_one, am_progress, diagnose, ensure_worktree
+from ..engine import AM_OPTS, am_in_progress, am_one, am_progress, diagnose, ensure_worktree, format_patches
 from ..errors import EXIT_APPLY, EXIT_ENV, KvforgeError
 from ..fsutil import crashpoint
 from ..series import Patch, parse_patch
@@ -47,23 +47,24 @@ def plan(ctx: Context, new_comp: Component, new_base: Base, patches: list[Patch]
     t_checks = 0.0
     new_ctx = Context(ctx.cache, ctx.target, new_comp, ctx.source, ctx.repo_url, ctx.progress,
                       python=ctx.python, torch_index=ctx.torch_index)
-    for p, old in zip(patches, olds):
-        ctx.say(f"signals for {p.name}")
-        timed = {"s": 0.0}
+    with upstream.Probe(nb, patches, olds) as probe:  # the base's reads, once for the whole series
+        for p, old in zip(patches, olds):
+            ctx.say(f"signals for {p.name}")
+            timed = {"s": 0.0}
 
-        def run_checks(p: Patch = p, timed: dict[str, float] = timed) -> upstream.Signal:
-            t = time.monotonic()
-            try:
-                return upstream.checks_signal(new_ctx, nb, p)
-            finally:
-                timed["s"] += time.monotonic() - t
+            def run_checks(p: Patch = p, timed: dict[str, float] = timed) -> upstream.Signal:
+                t = time.monotonic()
+                try:
+                    return upstream.checks_signal(new_ctx, nb, p)
+                finally:
+                    timed["s"] += time.monotonic() - t
 
-        signals = upstream.gather(nb, p, old, checks=run_checks if checks else None)
-        t_checks += timed["s"]
-        decision, reason = upstream.decide(signals)
-        out.append(Step(p.name, p.fix_id, Verdict.PENDING, reason, decision,
-                        [{"name": s.name, "fired": s.fired, "strong": s.strong, "detail": s.detail}
-                         for s in signals], old_commit=old))
+            signals = upstream.gather(nb, p, old, checks=run_checks if checks else None, probe=probe)
+            t_checks += timed["s"]
+            decision, reason = upstream.decide(signals)
+            out.append(Step(p.name, p.fix_id, Verdict.PENDING, reason, decision,
+                            [{"name": s.name, "fired": s.fired, "strong": s.strong, "detail": s.detail}
+                             for s in signals], old_commit=old))
     return out, t_checks
 
 
@@ -89,8 +90,26 @@ def _ensure_worktree(st: State) -> None:
     worktree = st.plan.worktree
     if ensure_worktree(st.plan.repo, worktree, st.head):
         reset(worktree, st.head)
-    gitutil.run(worktree, "config", "rerere.enabled", "true")
+    if not rerere_enabled(st.plan.repo):
+        gitutil.run(worktree, "config", "rerere.enabled", "true")
     st.worktree_ready = True
+
+
+def rerere_enabled(repo: Path) -> bool:
+    """`rerere.enabled = true` is in the repository's own config file, as `git config rerere.enabled true` in its
+    worktree writes it (read from the file, so a rebase need not run git to set it again; False: set it)."""
+    try:
+        text = (repo / "config").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line.lower()
+        elif section == "[rerere]" and re.fullmatch(r"enabled\s*=\s*true", line):
+            return True
+    return False
 
 
 def reset(worktree: Path, commit: str) -> None:
@@ -242,6 +261,9 @@ def apply_steps(ctx: Context, st: State) -> bool:
         st.position = i + 1
         save(st)
         crashpoint("rebase:state-saved")
+    if not dry:  # the commit formats every carried commit: one `git format-patch` for all of them, now
+        format_patches(st.plan.repo, st.plan.new_base, [p.commit for p in st.steps
+                                                        if p.verdict is Verdict.CARRIED and p.commit])
     st.seconds["apply"] = round(st.seconds.get("apply", 0) + time.monotonic() - t0, 3)
     return True
 

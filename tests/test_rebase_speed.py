@@ -1,0 +1,236 @@
+"""The rebase's speed-ups change no answer: every batched or file-read shortcut is compared here with the read it
+replaces (the speed itself is measured by bench/rebase_vs_git_rebase.py, never by a timed test).
+
+- upstream.Probe (one index of the base, parallel apply checks, one `git cherry` over the stack, one cat-file
+  batch) gives each patch the signals gather() gives it alone;
+- engine.format_patches (one `git format-patch` for a stack) gives format_patch's bytes for each commit;
+- engine's worktree checks read from git's files agree with git (`worktree list`, `rev-parse --git-path`);
+- bases.import_archive (one pass over the archive) makes the commit the path-ordered inline import made;
+- gitutil.run_many returns what run returns, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+from helpers import CORE, git, make_patch
+
+from kvforge import engine, gitutil
+from kvforge.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
+from kvforge.cache import REF_IMPORT
+from kvforge.rebase.steps import rerere_enabled
+from kvforge.series import parse_patch
+from kvforge.targets import Component, Release
+from kvforge.upstream import NewBase, Probe, gather
+
+CLAMP = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
+DOUBLE = {CORE: ("return 2 * x", "return x + x")}
+EXTRA = {"vllm_like/extra.py": ("", "X = 1\n")}
+SIDE = {"vllm_like/side.py": ("", "Y = 2\n")}
+
+
+def _commit_on(repo: Path, start: str, edits: dict, message: str) -> str:
+    """A commit of upstream's own on `start`, made without a checkout."""
+    index = repo / ".git" / "speed-index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    git(repo, "read-tree", start, env=env)
+    for rel, (old, new) in edits.items():
+        text = git(repo, "show", f"{start}:{rel}") if old else ""
+        blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo, check=True, capture_output=True,
+                              input=text.replace(old, new, 1) if old else new, text=True).stdout.strip()
+        git(repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env)
+    tree = git(repo, "write-tree", env=env).strip()
+    index.unlink()
+    return git(repo, "commit-tree", tree, "-p", start, "-m", message).strip()
+
+
+def _stack(fake, specs: list[tuple[str, dict, str]]):
+    """A linear series on the fake base: [(name, edits, extra trailers)] -> (patches, commits)."""
+    patches, commits, head = [], [], fake.base
+    for name, edits, extra in specs:
+        path, head = make_patch(fake.upstream, head, edits, f"[Core] {name}", name,
+                                fake.root / "patches" / "fake" / f"{name}.patch", kind="fix", extra=extra)
+        patches.append(parse_patch(path))
+        commits.append(head)
+    return patches, commits
+
+
+def test_probe_answers_as_each_read_alone(fake, monkeypatch):
+    patches, commits = _stack(fake, [
+        ("clamp", CLAMP, ""),  # upstream cherry-picked it: reverse-apply and patch-id fire
+        ("double", DOUBLE, ""),  # upstream lacks it: applies forward
+        ("extra", EXTRA, "Upstream-Commit: 0123456789\n"),  # a new file; a commit the repository lacks
+    ])
+    git(fake.upstream, "tag", "old-head", commits[-1])
+    picked = _commit_on(fake.upstream, fake.base, CLAMP, "[Core] clamp upstream (#1)")
+    side = _commit_on(fake.upstream, picked, SIDE, "side")
+    nb = NewBase(fake.upstream / ".git", side, "0.2.0", side, True)
+    patches[2].trailers.append(type(patches[2].trailers[0])("Drop-When", f"base-contains {picked[:10]}", 0))
+    alone = [gather(nb, p, c) for p, c in zip(patches, commits)]
+    calls: list[tuple[str, ...]] = []
+    run = gitutil.run
+
+    def counting(cwd, *args, **kw):
+        calls.append(args)
+        return run(cwd, *args, **kw)
+
+    monkeypatch.setattr(gitutil, "run", counting)
+    with Probe(nb, patches, commits) as probe:
+        shared = [gather(nb, p, c, probe=probe) for p, c in zip(patches, commits)]
+        assert probe.cherry(commits[0]) is not None  # the one git cherry over the stack answered
+    assert shared == alone
+    assert [s.fired for s in alone[0][:2]] == [True, True] and alone[1][0].fired is False
+    assert sum(1 for a in calls if a[0] == "read-tree") == 1  # the base's index, read once for the series
+    assert sum(1 for a in calls if a[0] == "cherry") == 1
+
+    # A base that holds the stack itself: the one-run shortcut would count later patches as upstream; it is not
+    # taken, and every answer is still the per-patch one.
+    merged = _commit_on(fake.upstream, commits[-1], SIDE, "merged the series")
+    nb2 = NewBase(fake.upstream / ".git", merged, None, merged, True)
+    monkeypatch.setattr(gitutil, "run", run)
+    alone2 = [gather(nb2, p, c) for p, c in zip(patches, commits)]
+    with Probe(nb2, patches, commits) as probe:
+        assert [gather(nb2, p, c, probe=probe) for p, c in zip(patches, commits)] == alone2
+        assert probe.cherry(commits[0]) is None
+    # A patch the probe was not made for is checked alone, against the same index.
+    other, _ = make_patch(fake.upstream, fake.base, SIDE, "[Core] side", "side", fake.root / "side.patch")
+    with Probe(nb, patches[:1], commits[:1]) as probe:
+        assert gather(nb, parse_patch(other), None, probe=probe) == gather(nb, parse_patch(other), None)
+
+
+def test_format_patches_gives_format_patch_bytes(fake, monkeypatch):
+    repo = fake.upstream
+    a = _commit_on(repo, fake.base, {"vllm_like/ünïcode name.py": ("", "A = 'é'\n")}, "[Misc] non-ASCII path\n\nBody é.")
+    git(repo, "checkout", "-q", "--detach", a)
+    git(repo, "mv", CORE, "vllm_like/core2.py")
+    git(repo, "commit", "-qm", "[Misc] a rename")
+    b = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (repo / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "run.sh").chmod(0o755)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "[Misc] binary and executable")
+    c = git(repo, "rev-parse", "HEAD").strip()
+    expected = {x: engine.format_patch(repo, x) for x in (a, b, c)}
+    engine.format_patches(repo, fake.base, [a, b, c])
+    calls = []
+    run = gitutil.run
+    monkeypatch.setattr(gitutil, "run", lambda *args, **kw: calls.append(args) or run(*args, **kw))
+    assert {x: engine.format_patch(repo, x) for x in (a, b, c)} == expected
+    assert calls == []  # all three came from the one format-patch run
+    # A list that is not the stack base..tip pairs nothing: each commit is formatted alone again.
+    d = _commit_on(repo, c, SIDE, "[Misc] side")
+    engine.format_patches(repo, fake.base, [a, d])
+    assert engine.format_patch(repo, d) and any(args[-1] == d for _cwd, *args in calls)
+
+
+def test_worktree_state_read_from_files_agrees_with_git(fake, monkeypatch, tmp_path):
+    bare = tmp_path / "repo.git"
+    git(tmp_path, "clone", "-q", "--bare", str(fake.upstream), str(bare))
+    wt = tmp_path / "wt"
+    engine.add_worktree(bare, wt, fake.base)
+
+    def git_says_am(path: Path) -> bool:
+        p = git(path, "rev-parse", "--git-path", "rebase-apply").strip()
+        return (path / p).exists() if not Path(p).is_absolute() else Path(p).exists()
+
+    assert engine.am_in_progress(wt) is git_says_am(wt) is False
+    patch, _ = make_patch(fake.upstream, fake.base, {CORE: ("return max(lo, x)", "return lo")}, "[Core] a", "a",
+                          tmp_path / "a.patch")
+    other = _commit_on(fake.upstream, fake.base, {CORE: ("return max(lo, x)", "return hi")}, "conflicting")
+    git(fake.upstream, "push", "-q", str(bare), f"{other}:refs/heads/other")
+    git(wt, "checkout", "-q", "--detach", other)
+    subprocess.run(["git", "am", "-3", str(patch)], cwd=wt, capture_output=True)
+    assert engine.am_in_progress(wt) is git_says_am(wt) is True
+    calls = []
+    run = gitutil.run
+    monkeypatch.setattr(gitutil, "run", lambda *args, **kw: calls.append(args) or run(*args, **kw))
+    assert engine.ensure_worktree(bare, wt, fake.base) is True  # reused: its stopped git am is aborted
+    assert [args[1:3] for args in calls] == [("am", "--abort")]
+    assert engine.am_in_progress(wt) is git_says_am(wt) is False
+    # A worktree whose registration points elsewhere is not trusted from the files: git decides (made afresh).
+    (bare / "worktrees" / "wt" / "gitdir").write_text(f"{tmp_path}/elsewhere/.git\n")
+    assert engine.ensure_worktree(bare, wt, fake.base) is False
+    assert engine.ensure_worktree(bare, wt, fake.base) is True
+
+
+def test_rerere_enabled_is_read_from_the_config_file(tmp_path):
+    repo = tmp_path / "r.git"
+    git(tmp_path, "init", "-q", "--bare", str(repo))
+    assert rerere_enabled(repo) is False
+    git(repo, "config", "rerere.autoupdate", "true")
+    assert rerere_enabled(repo) is False
+    git(repo, "config", "rerere.enabled", "true")
+    assert rerere_enabled(repo) is True
+
+
+def _import_in_path_order(repo: Path, archive: Path, message: bytes) -> str:
+    """The import as kvforge made it before (the oracle): members in path order, each one's bytes inline."""
+    with tarfile.open(archive, "r:*") as tar:
+        entries = []
+        for m in tar.getmembers():
+            parts = m.name.split("/", 1)
+            if (m.isfile() or m.issym() or m.islnk()) and len(parts) == 2 and parts[1]:
+                entries.append((parts[1], m))
+        entries.sort(key=lambda e: e[0])
+        out = [f"commit {REF_IMPORT}\nauthor {IMPORT_IDENT} {IMPORT_DATE}\ncommitter {IMPORT_IDENT} {IMPORT_DATE}\n"
+               .encode(), b"data %d\n%s\ndeleteall\n" % (len(message), message)]
+        for path, m in entries:
+            if m.issym():
+                data, mode = m.linkname.encode(), b"120000"
+            else:
+                fh = tar.extractfile(m)
+                data = fh.read() if fh else b""
+                mode = b"100755" if m.mode & 0o111 else b"100644"
+            out += [b"M %s inline %s\ndata %d\n" % (mode, path.encode(), len(data)), data, b"\n"]
+        out.append(b"done\n")
+    subprocess.run(["git", "fast-import", "--quiet", "--done", "--force"], input=b"".join(out), check=True,
+                   env={"GIT_DIR": str(repo), "PATH": "/usr/bin:/bin"})
+    return git(repo.parent, "rev-parse", REF_IMPORT, env={"GIT_DIR": str(repo)}).strip()
+
+
+def test_one_pass_import_makes_the_path_ordered_commit(tmp_path):
+    """Members out of path order, a path twice (the later wins), a file and a directory of one name in both
+    orders, a symbolic link, a hard link, an executable, a directory entry: the same commit as before."""
+    archive = tmp_path / "fake-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        def add(name: str, data: bytes = b"", mode: int = 0o644, kind: bytes = tarfile.REGTYPE, link: str = ""):
+            info = tarfile.TarInfo(f"fake-1.0/{name}")
+            info.type, info.mode, info.linkname = kind, mode, link
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+        add("z.py", b"z = 1\n")
+        add("fake/_version.py", b"__commit_id__ = commit_id = 'gabcdef012'\n")
+        add("a/b.py", b"first\n")
+        add("a/b.py", b"second\n")
+        add("d/x.py", b"in a directory\n")
+        add("d", b"a file named like the directory\n")
+        add("e", b"a file first\n")
+        add("e/y.py", b"then a directory\n")
+        add("bin/run", b"#!/bin/sh\n", mode=0o755)
+        add("link", kind=tarfile.SYMTYPE, link="z.py")
+        add("hard", kind=tarfile.LNKTYPE, link="fake-1.0/z.py")
+        add("dir", kind=tarfile.DIRTYPE, mode=0o755)
+        add("m.py", b"m\n")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    comp = Component(name="fake", repo="https://invalid.invalid/fake.git", ref="v1.0",
+                     release=Release("fake", "1.0", digest), series_dir=tmp_path, platforms=("cpu",), tests={})
+    now, before = tmp_path / "now.git", tmp_path / "before.git"
+    for r in (now, before):
+        git(tmp_path, "init", "-q", "--bare", str(r))
+    commit = import_archive(now, archive, comp, digest)
+    message = git(now.parent, "cat-file", "commit", commit, env={"GIT_DIR": str(now)}).split("\n\n", 1)[1]
+    assert "Upstream-Commit-Id: abcdef012" in message
+    assert _import_in_path_order(before, archive, message.encode()) == commit
+
+
+def test_run_many_returns_what_run_returns_in_order(fake):
+    calls = [["rev-parse", "HEAD"], ["cat-file", "-e", "0" * 40], ["log", "-1", "--format=%s"]] * 5
+    many = gitutil.run_many(fake.upstream, calls, jobs=3)
+    alone = [gitutil.run(fake.upstream, *c, check=False) for c in calls]
+    assert [(r.returncode, r.stdout) for r in many] == [(r.returncode, r.stdout) for r in alone]
+    assert [r.returncode != 0 for r in many[:3]] == [False, True, False]
