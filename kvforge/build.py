@@ -197,10 +197,11 @@ def download_wheel(component: Component, cache: Cache, say: Progress, pin: Wheel
     return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
 
 
-def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:
+def choose_wheels(package: str, version: str, upload: int | None = None) -> dict[str, WheelPin]:
     """{architecture: pin} for a release, chosen from the package index's file list (PyPI's JSON API or
     $KVFORGE_PYPI_URL): per architecture, the manylinux wheel of exactly `version` with the highest build
-    number (0.21.0's re-released `-1-` wheels over the first upload), whatever its manylinux tag
+    number (0.21.0's re-released `-1-` wheels over the first upload; with `upload`, only that build number: the
+    same upload as the wheels a target already pins), whatever its manylinux tag
     (2_35 for 0.20.2, 2_24 for 0.21.0, 2_28 for 0.22.0), pinned by the sha256 the index lists. The one
     choice `kvforge rebase --as` and new targets reuse to write [components.wheel]."""
     _index, files = release_files(package, version)
@@ -214,6 +215,8 @@ def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:
         except (InvalidWheelFilename, InvalidVersion):
             continue
         if dist != canonicalize_name(package) or ver != Version(version):
+            continue
+        if upload is not None and (build[0] if build else 0) != upload:
             continue
         for arch in ARCHES:
             if any(t.platform.startswith("manylinux") and t.platform.endswith("_" + arch) for t in tags):
@@ -501,8 +504,11 @@ def builds_dir(ctx, digest: str) -> Path:
 def variant_of(comp: Component, pin: WheelPin) -> str:
     """"" for the component's default wheel (its first x86_64 pin), else what tells this one apart: the
     architecture, with the Python tag for a per-interpreter wheel (vllm_ascend's cp310/cp311)."""
-    if pin == comp.wheel:
-        return ""
+    return "" if pin == comp.wheel else pin_label(pin)
+
+
+def pin_label(pin: WheelPin) -> str:
+    """A release wheel's kind: its architecture, with the Python tag of a per-interpreter wheel (cp311-x86_64)."""
     _n, _v, _b, tags = parse_wheel_filename(pin.filename)
     pys = sorted({t.interpreter for t in tags if t.abi != "abi3" and t.interpreter.startswith("cp")})
     return "-".join([*pys, pin.arch or "any"])
@@ -1313,7 +1319,10 @@ def wheels_to_build(ctx, arch: str | None) -> list[tuple[WheelPin, bool]]:
             continue
         if chosen is None:
             ctx.say(f"{ctx.target.path.name}: no {a} wheel pinned for {comp.name}; choosing from the index's file list")
-            chosen = choose_wheels(comp.release.package, comp.release.version)
+            # the same upload as the wheels it does pin (v0.20.1 pins the first upload, not the -1- rebuild)
+            uploads = {(parse_wheel_filename(w.filename)[2] or (0,))[0] for w in comp.wheels}
+            chosen = choose_wheels(comp.release.package, comp.release.version,
+                                   uploads.pop() if len(uploads) == 1 else None)
         if a in chosen:
             out.append((chosen[a], False))
         elif arch != "all":
@@ -1371,7 +1380,8 @@ def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_pa
     text = "\n\n".join(render(r) for r in results)
     if len(results) == 1:
         return Done({**results[0].to_json(), "exit": code, "error": error}, text, code, error)
-    summary = ["", "wheels:"] + [f"  {'ok  ' if r.ok else 'FAIL'} {r.variant or r.arch or '-':<14} "
+    summary = ["", "wheels:"] + [f"  {'ok  ' if r.ok else 'FAIL'} "
+                                 f"{pin_label(WheelPin(r.upstream['filename'], '')) if not r.device else r.variant:<14} "
                                  f"{r.filename}" + ("" if r.pinned else "  (not pinned: chosen from the index)")
                                  for r in results]
     return Done({"builds": [r.to_json() for r in results], "ok": all(r.ok for r in results), "exit": code,
