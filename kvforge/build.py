@@ -1,9 +1,17 @@
 """`kvforge build`: the target's release wheel with the series overlaid, verified on every build.
 
+Which wheels. One per release wheel the component pins ([[components.wheels]], one per platform tag;
+--arch picks x86_64 (default), aarch64 or all; an architecture without a pin takes the index's wheel of
+the same upload, `choose_wheels`). The package's overlay rules (its import packages, what is compiled or
+packaging input) and how its installed wheel is exercised are data: platforms.PACKAGE_BUILDS (vllm;
+vllm-ascend, imported next to the patched vLLM tree). A wheel this machine's CPU env cannot import
+(aarch64 here, or vllm_ascend's cp310) is installed for its own tags (pip --platform/--abi) and checked by
+RECORD, files, .so and metadata; its import and tests are reported "not run". --device (platforms.DEVICES;
+empty): not an overlay but the package's own build of the patched tree for that device (build_device).
+
 Overlay (the default mode). The series is applied in the cache (trees.open_stack: the patch files,
 or the commits of --from); `git diff` between the base and the patched tree says which files it
-changes. vLLM's wheel for the release (pinned by file name and sha256 in the target file,
-[components.wheel]) is downloaded into <cache>/downloads once, and the new wheel is written
+changes. The pinned release wheel is downloaded into <cache>/downloads once, and the new wheel is written
 member by member (kvforge.wheel): every member the series does not touch (compiled .so files,
 third_party, data, dist-info) is copied as stored, without recompressing; the files the series
 changes are replaced by the patched tree's, new vllm/**/*.py files are added and deleted ones
@@ -11,9 +19,9 @@ dropped; RECORD is rewritten (sha256 and size of every file). Before anything is
 of those files in the wheel must equal the base tree's, so an overlay never mixes a wheel with a
 base it was not built from.
 
-Identity. The version stays the release's exactly: vllm-ascend gates code paths on
-`vllm_version_is("0.20.2")`, i.e. `Version(vllm.__version__) == Version("0.20.2")`, and a local
-suffix (`0.20.2+kvforge...`) would fail that. The series is recorded instead as
+Identity. The distribution version gets a local label (`local_version`: `0.20.2+kvforge.<target>.<digest>`,
+what pip freeze/show and lock files show); `vllm.__version__` (vllm/_version.py) stays the release's, so
+vllm-ascend's `vllm_version_is("0.20.2")` holds. The series is also recorded as
 - a wheel build tag, `<upstream build + 1>_kvforge_<series digest>` (in the file name and as
   `Build:` in WHEEL): pip prefers it to the upstream wheel of the same version and tags;
 - `<dist-info>/kvforge.json`: target, component, base (ref, commit), series (digest, origin,
@@ -130,7 +138,7 @@ class Verification:
 class BuildResult:
     target: str
     component: str
-    mode: str  # overlay | source
+    mode: str  # overlay | source | device
     version: str
     local_version: str = ""  # the wheel's version: the release's + kvforge's local label (local_version)
     base: str = ""
@@ -693,7 +701,7 @@ def build_device(ctx, out: Path, device: Device, tests: str = "checks", shard: t
         raise KvforgeError(f"--device {device.name} builds {', '.join(device.packages)}; component {comp.name} is "
                            f"{comp.release.package}", EXIT_USAGE)
     t0 = time.monotonic()
-    result = BuildResult(ctx.target.name, comp.name, "source", comp.release.version, arch=None, device=device.name,
+    result = BuildResult(ctx.target.name, comp.name, "device", comp.release.version, arch=None, device=device.name,
                          variant=device.name)
     stack = open_stack(ctx)
     patched = stack.commits[-1]

@@ -31,7 +31,7 @@ from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
 from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, KvforgeError
 from .outcome import Outcome
-from .platforms import JOB_KINDS, PLATFORMS
+from .platforms import DEVICES, JOB_KINDS, PLATFORMS
 from .report import json_text
 
 GLOBAL_OPTIONS = ("--cache-dir",)
@@ -493,7 +493,7 @@ def _shard_value(_ctx, _param, value):
               help="Which release wheels to overlay: an architecture's pins, or all [default: the x86_64 ones]. "
                    "A wheel this machine cannot import is checked by RECORD, files and metadata; its import is "
                    "labelled not run.")
-@click.option("--device", type=click.Choice(["empty"]),
+@click.option("--device", type=click.Choice(list(DEVICES)),
               help="Instead of an overlay: vLLM's own build of the patched tree for this device (empty: "
                    "VLLM_TARGET_DEVICE=empty, pure Python, the vLLM an Ascend deployment installs under vllm-ascend).")
 @tree_options
