@@ -91,8 +91,9 @@ def per_wheel(args) -> int:
         for comp in base_ctx.target.components:
             ctx = base_ctx.for_component(comp.name)
             open_stack(ctx)
+            chosen = kbuild.wheels_to_build(ctx, "all")  # the pins, or the index's choice where none is pinned
             for arch in ("x86_64", "aarch64"):
-                pins = [w for w in comp.wheels if w.arch == arch][-1:]  # one per kind (vllm_ascend: its newest Python)
+                pins = [w for w, _pinned in chosen if w.arch == arch][-1:]  # one per kind (vllm_ascend: its newest Python)
                 for pin in pins:
                     upstream = kbuild.download_wheel(comp, ctx.cache, say, pin)
                     cps, ours, digests = [], [], set()

@@ -512,7 +512,8 @@ def builds_dir(ctx, digest: str) -> Path:
 def variant_of(comp: Component, pin: WheelPin) -> str:
     """"" for the component's default wheel (its first x86_64 pin), else what tells this one apart: the
     architecture, with the Python tag for a per-interpreter wheel (vllm_ascend's cp310/cp311)."""
-    return "" if pin == comp.wheel else pin_label(pin)
+    default = pin == comp.wheel or (comp.wheel is None and pin.arch == "x86_64")  # unpinned: the index's x86_64
+    return "" if default else pin_label(pin)
 
 
 def pin_label(pin: WheelPin) -> str:
