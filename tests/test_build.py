@@ -393,7 +393,8 @@ def test_compiled_inputs_are_refused_and_mode_source_prints_vllms_build(project,
 def test_target_without_a_wheel_pin_and_bad_pins(project, tmp_path, monkeypatch):
     # no pin: the index's choice (choose_wheels, as for a target an older `rebase --as` wrote); none there: exit 2
     asked = []
-    monkeypatch.setattr(kbuild, "choose_wheels", lambda package, version: asked.append((package, version)) or {})
+    monkeypatch.setattr(kbuild, "choose_wheels",
+                        lambda package, version, upload=None: asked.append((package, version)) or {})
     res = CliRunner().invoke(main, ["build", "--target", "t", "--json"])
     assert res.exit_code == 2 and "release wheel and the index has none" in json.loads(res.stdout)["error"]
     assert asked == [("vllm", "0.20.2")]
