@@ -1374,9 +1374,13 @@ def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_pa
     else:
         targets += [(pin, pinned, None) for pin, pinned in
                     ([(None, True)] if mode == "source" and arch is None else wheels_to_build(ctx, arch))]
-    results = []
+    results: list[BuildResult] = []
+    skipped: list[str] = []
     try:
         for pin, pinned, wheel in targets:
+            if any(not r.ok for r in results):  # the same patched files: a wheel whose checks failed fails them all
+                skipped.append(pin.filename if pin else "?")
+                continue
             results.append(build_target(ctx, out, mode=mode, tests=tests, platform=platform, wheel=wheel,
                                         shard=shard, pin=pin, pinned=pinned))
     except BuildRefused as refused:
@@ -1387,11 +1391,13 @@ def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_pa
     code = next((c for c, _e in verdicts if c), 0)
     error = "; ".join(e for _c, e in verdicts if e) or None
     text = "\n\n".join(render(r) for r in results)
-    if len(results) == 1:
+    if skipped:
+        text += "\n\nnot built (an earlier wheel of the same series failed): " + ", ".join(skipped)
+    if len(results) == 1 and not skipped:
         return Done({**results[0].to_json(), "exit": code, "error": error}, text, code, error)
     summary = ["", "wheels:"] + [f"  {'ok  ' if r.ok else 'FAIL'} "
                                  f"{pin_label(WheelPin(r.upstream['filename'], '')) if not r.device else r.variant:<14} "
                                  f"{r.filename}" + ("" if r.pinned else "  (not pinned: chosen from the index)")
                                  for r in results]
-    return Done({"builds": [r.to_json() for r in results], "ok": all(r.ok for r in results), "exit": code,
-                 "error": error}, text + "\n".join(summary), code, error)
+    return Done({"builds": [r.to_json() for r in results], "ok": all(r.ok for r in results) and not skipped,
+                 "not_built": skipped, "exit": code, "error": error}, text + "\n".join(summary), code, error)
