@@ -84,7 +84,7 @@ def overlay_like_build(ctx, out: Path, pin=None) -> tuple[Path, dict]:
 def per_wheel(args) -> int:
     """--wheels: a line per kind of wheel, verification apart, against its alternative."""
     say = lambda m: print(f"  {m}", file=sys.stderr)  # noqa: E731
-    base_ctx = Context.load(Cache(None), args.target, progress=say)
+    base_ctx = Context.load(Cache(None), args.target, progress=say, source=args.source)
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvforge-bench-", dir=base_ctx.cache.root) as tmp:
         tmp = Path(tmp)
@@ -156,6 +156,7 @@ def main() -> int:
     ap.add_argument("--target", default="v0.20.2rc")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--wheels", action="store_true", help="a line per kind of wheel (see above)")
+    ap.add_argument("--source", choices=["auto", "git", "sdist"], default="auto", help="where the bases come from")
     ap.add_argument("--with-verify", action="store_true", help="also run one full `kvforge build` (with verification)")
     args = ap.parse_args()
     os.environ.setdefault("KVFORGE_ROOT", str(ROOT))
