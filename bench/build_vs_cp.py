@@ -15,6 +15,13 @@ bytes every run. Verification (pip install, RECORD, Checks in the test env) is n
 times; `kvforge build` prints it separately ("verify"), and --with-verify runs one full build.
 
     python bench/build_vs_cp.py [--target v0.20.2rc] [--runs 3] [--with-verify]
+
+--wheels: one line per kind of wheel `kvforge build` makes for the target (vLLM x86_64 and aarch64,
+vllm-ascend x86_64 and aarch64, vLLM for device empty), verification apart, each against its obvious
+alternative: `cp` of the release wheel for an overlay; for --device empty, vLLM's own `pip wheel` of the
+unpatched tree with VLLM_TARGET_DEVICE=empty (same env, same build tools). Goal: <= 2x.
+
+    python bench/build_vs_cp.py --wheels [--target v0.20.2rc] [--runs 1]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from kvforge import build as kbuild  # noqa: E402
 from kvforge.cache import Cache  # noqa: E402
 from kvforge.context import Context  # noqa: E402
 from kvforge.fsutil import sha256_file  # noqa: E402
+from kvforge.platforms import DEVICES, package_build  # noqa: E402
 from kvforge.trees import open_stack  # noqa: E402
 from kvforge.wheel import read_members  # noqa: E402
 
@@ -48,36 +56,112 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def overlay_like_build(ctx, out: Path) -> tuple[Path, dict]:
+def overlay_like_build(ctx, out: Path, pin=None) -> tuple[Path, dict]:
     """What `kvforge build` does before verification (build_target up to the verified rename)."""
     comp = ctx.component
+    pin = pin or comp.wheel
     stack = open_stack(ctx)
     patched = stack.commits[-1]
-    upstream = kbuild.download_wheel(comp, ctx.cache, ctx.say)
+    upstream = kbuild.download_wheel(comp, ctx.cache, ctx.say, pin)
     hasher = kbuild.Hasher(upstream)
     hasher.start()
     changes = kbuild.diff_paths(stack.base.repo, stack.base.commit, patched)
     members = read_members(upstream)
-    kbuild.classify(changes, {m.name for m in members}, lambda *_: None)
+    kbuild.classify(changes, {m.name for m in members}, lambda *_: None, package_build(comp.release.package))
     res = kbuild.BuildResult(ctx.target.name, comp.name, "overlay", comp.release.version)
-    res.build_tag = kbuild.build_tag_for(comp.wheel.filename, stack.digest)
+    res.upstream = {"filename": pin.filename, "sha256": pin.sha256}
+    res.build_tag = kbuild.build_tag_for(pin.filename, stack.digest)
     res.local_version = kbuild.local_version(comp.release.version, ctx.target.name, stack.digest)
-    res.filename = kbuild.output_filename(comp.wheel.filename, res.build_tag, res.local_version)
+    res.filename = kbuild.output_filename(pin.filename, res.build_tag, res.local_version)
     built, secs = kbuild.write_overlay(ctx, stack, upstream, out, changes,
                                        {"base": stack.base.commit, "patched": patched}, res, members)
     hasher.join()
-    assert hasher.digest == comp.wheel.sha256, "the cached release wheel does not match its pin"
+    assert hasher.digest == pin.sha256, "the cached release wheel does not match its pin"
     hasher.record()
     return built, {**secs, "replaced": [c.path for c in changes if c.action in ("replace", "add", "remove")]}
+
+
+def per_wheel(args) -> int:
+    """--wheels: a line per kind of wheel, verification apart, against its alternative."""
+    say = lambda m: print(f"  {m}", file=sys.stderr)  # noqa: E731
+    base_ctx = Context.load(Cache(None), args.target, progress=say, source=args.source)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvforge-bench-", dir=base_ctx.cache.root) as tmp:
+        tmp = Path(tmp)
+        for comp in base_ctx.target.components:
+            ctx = base_ctx.for_component(comp.name)
+            open_stack(ctx)
+            chosen = kbuild.wheels_to_build(ctx, "all")  # the pins, or the index's choice where none is pinned
+            for arch in ("x86_64", "aarch64"):
+                pins = [w for w, _pinned in chosen if w.arch == arch][-1:]  # one per kind (vllm_ascend: its newest Python)
+                for pin in pins:
+                    upstream = kbuild.download_wheel(comp, ctx.cache, say, pin)
+                    cps, ours, digests = [], [], set()
+                    for i in range(args.runs):
+                        cps.append(timed(lambda: subprocess.run(["cp", str(upstream), str(tmp / "cp.whl")], check=True)))
+                        t = time.perf_counter()
+                        built, _ = overlay_like_build(ctx, tmp / f"ov{i}", pin)
+                        ours.append(time.perf_counter() - t)
+                        digests.add(sha256_file(built))
+                        shutil.rmtree(tmp / f"ov{i}")
+                    rows.append((f"{comp.name} {arch} overlay", pin.filename, "cp of the release wheel", cps, ours,
+                                 len(digests) == 1))
+            for dev in DEVICES.values():
+                if comp.release.package.lower() not in dev.packages or args.runs < 1:
+                    continue
+                own, ours, digests = [], [], set()
+                for i in range(args.runs):
+                    own.append(timed(lambda i=i: own_device_build(ctx, dev, tmp / f"own{i}")))
+                    real_verify = kbuild.verify_wheel
+                    kbuild.verify_wheel = lambda *a, **k: kbuild.Verification(ok=True)  # verification apart
+                    try:
+                        t = time.perf_counter()
+                        res = kbuild.build_device(ctx, tmp / f"dev{i}", dev)
+                        ours.append(time.perf_counter() - t)
+                    finally:
+                        kbuild.verify_wheel = real_verify
+                    digests.add(res.sha256)
+                rows.append((f"{comp.name} device {dev.name}", res.filename, f"vLLM's own pip wheel (unpatched, "
+                             f"VLLM_TARGET_DEVICE={dev.name})", own, ours, len(digests) == 1))
+    print(f"{'wheel':<28} {'kvforge s':>9} {'alt s':>7} {'x alt':>6} {'<=2x':>5} {'same bytes':>10}  alternative")
+    worst = 0.0
+    for name, _file, alt, alts, ours, same in rows:
+        a, o = statistics.median(alts), statistics.median(ours)
+        worst = max(worst, o / a)
+        print(f"{name:<28} {o:>9.2f} {a:>7.2f} {o / a:>6.2f} {'yes' if o / a <= 2 else 'NO':>5} {str(same):>10}  {alt}")
+    print(f"{len(rows)} kinds of wheel, {args.runs} runs each (median), verification apart; worst {worst:.2f}x")
+    return 0
+
+
+def own_device_build(ctx, dev, dest: Path) -> None:
+    """vLLM's own build for the device of the unpatched base tree: export, then `pip wheel` with the device's
+    environment in the same CPU env and build tools kvforge uses."""
+    from kvforge import gitutil
+    from kvforge.env import target_env
+
+    stack = open_stack(ctx)
+    env = target_env(ctx, base=stack.base)
+    tree = dest / "tree"
+    gitutil.export(stack.base.repo.parent, stack.base.commit, tree, env={"GIT_DIR": str(stack.base.repo)})
+    tools = kbuild.build_tools(ctx, env, tree, dev)
+    e = env.environ({**dict(dev.environ_items), "SETUPTOOLS_SCM_PRETEND_VERSION": ctx.component.release.version})
+    e["PYTHONPATH"] = str(tools)
+    subprocess.run([str(env.python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(dest / "dist"), str(tree)], check=True, env=e, cwd=tree, capture_output=True)
+    shutil.rmtree(dest)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="v0.20.2rc")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--wheels", action="store_true", help="a line per kind of wheel (see above)")
+    ap.add_argument("--source", choices=["auto", "git", "sdist"], default="auto", help="where the bases come from")
     ap.add_argument("--with-verify", action="store_true", help="also run one full `kvforge build` (with verification)")
     args = ap.parse_args()
     os.environ.setdefault("KVFORGE_ROOT", str(ROOT))
+    if args.wheels:
+        return per_wheel(args)
     ctx = Context.load(Cache(None), args.target, progress=lambda m: print(f"  {m}", file=sys.stderr))
     upstream = kbuild.download_wheel(ctx.component, ctx.cache, ctx.say)
     open_stack(ctx)  # build the stack once: the runs below reuse it, as a second `kvforge build` does

@@ -1,9 +1,17 @@
 """`kvforge build`: the target's release wheel with the series overlaid, verified on every build.
 
+Which wheels. One per release wheel the component pins ([[components.wheels]], one per platform tag;
+--arch picks x86_64 (default), aarch64 or all; an architecture without a pin takes the index's wheel of
+the same upload, `choose_wheels`). The package's overlay rules (its import packages, what is compiled or
+packaging input) and how its installed wheel is exercised are data: platforms.PACKAGE_BUILDS (vllm;
+vllm-ascend, imported next to the patched vLLM tree). A wheel this machine's CPU env cannot import
+(aarch64 here, or vllm_ascend's cp310) is installed for its own tags (pip --platform/--abi) and checked by
+RECORD, files, .so and metadata; its import and tests are reported "not run". --device (platforms.DEVICES;
+empty): not an overlay but the package's own build of the patched tree for that device (build_device).
+
 Overlay (the default mode). The series is applied in the cache (trees.open_stack: the patch files,
 or the commits of --from); `git diff` between the base and the patched tree says which files it
-changes. vLLM's wheel for the release (pinned by file name and sha256 in the target file,
-[components.wheel]) is downloaded into <cache>/downloads once, and the new wheel is written
+changes. The pinned release wheel is downloaded into <cache>/downloads once, and the new wheel is written
 member by member (kvforge.wheel): every member the series does not touch (compiled .so files,
 third_party, data, dist-info) is copied as stored, without recompressing; the files the series
 changes are replaced by the patched tree's, new vllm/**/*.py files are added and deleted ones
@@ -11,9 +19,9 @@ dropped; RECORD is rewritten (sha256 and size of every file). Before anything is
 of those files in the wheel must equal the base tree's, so an overlay never mixes a wheel with a
 base it was not built from.
 
-Identity. The version stays the release's exactly: vllm-ascend gates code paths on
-`vllm_version_is("0.20.2")`, i.e. `Version(vllm.__version__) == Version("0.20.2")`, and a local
-suffix (`0.20.2+kvforge...`) would fail that. The series is recorded instead as
+Identity. The distribution version gets a local label (`local_version`: `0.20.2+kvforge.<target>.<digest>`,
+what pip freeze/show and lock files show); `vllm.__version__` (vllm/_version.py) stays the release's, so
+vllm-ascend's `vllm_version_is("0.20.2")` holds. The series is also recorded as
 - a wheel build tag, `<upstream build + 1>_kvforge_<series digest>` (in the file name and as
   `Build:` in WHEEL): pip prefers it to the upstream wheel of the same version and tags;
 - `<dist-info>/kvforge.json`: target, component, base (ref, commit), series (digest, origin,
@@ -54,12 +62,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import platform as host_platform
+import sys
 import threading
 import time
 import tomllib
@@ -77,7 +88,8 @@ from .env import Env, target_env
 from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, remove_stale, sha256_file
 from .outcome import Done
-from .platforms import require_available
+from .components import layer
+from .platforms import DEVICES, PACKAGE_BUILDS, Device, PackageBuild, package_build, require_available
 from .targets import ARCHES, Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
 from .trees import open_stack, resolve_from
@@ -91,13 +103,10 @@ IDENTITY_FILE = "kvforge.json"
 STALE_VERIFY = r"^\.verify-(?P<pid>\d+)$"
 STALE_STAGE = r"^\.kvforge-build-(?P<pid>\d+)$"
 
-# Inputs an overlay cannot carry: the compiled extensions, or the wheel's metadata (requirements
-# become Requires-Dist; setup.py/pyproject decide what is packaged and how).
-COMPILE_PREFIXES = ("csrc/", "cmake/")
-COMPILE_FILES = ("CMakeLists.txt",)
-PACKAGING_PREFIXES = ("requirements/build/",)
-PACKAGING_FILES = ("setup.py", "MANIFEST.in", "use_existing_torch.py", "requirements/build.txt",
-                   "requirements/common.txt", "requirements/cuda.txt", "vllm/_version.py")
+# Inputs an overlay cannot carry, per package: kvforge/platforms.py PACKAGE_BUILDS (vLLM's kept here by name).
+VLLM_RULES = PACKAGE_BUILDS["vllm"]
+COMPILE_PREFIXES, COMPILE_FILES = VLLM_RULES.compile_prefixes, VLLM_RULES.compile_files
+PACKAGING_PREFIXES, PACKAGING_FILES = VLLM_RULES.packaging_prefixes, VLLM_RULES.packaging_files
 
 
 @dataclass
@@ -129,7 +138,7 @@ class Verification:
 class BuildResult:
     target: str
     component: str
-    mode: str  # overlay | source
+    mode: str  # overlay | source | device
     version: str
     local_version: str = ""  # the wheel's version: the release's + kvforge's local label (local_version)
     base: str = ""
@@ -150,6 +159,10 @@ class BuildResult:
     ok: bool = False
     reason: str = ""
     report: str | None = None
+    arch: str | None = "x86_64"  # the release wheel's machine architecture (None: pure Python, --device)
+    device: str = ""  # --device NAME: the package's own build for that device (empty), not an overlay
+    variant: str = ""  # what tells this wheel from the component's others: "", "aarch64", "cp311-x86_64", "empty"
+    pinned: bool = True  # False: the target pins no wheel for this architecture; chosen from the index's list
 
     def to_json(self) -> dict:
         data = {k: v for k, v in self.__dict__.items() if k not in ("changes", "verification")}
@@ -168,9 +181,10 @@ class BuildRefused(KvforgeError):
 
 # ---------------------------------------------------------------- the upstream wheel
 
-def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
-    """The pinned release wheel in <cache>/downloads; only a complete file with the pinned sha256 gets its name."""
-    pin = component.wheel
+def download_wheel(component: Component, cache: Cache, say: Progress, pin: WheelPin | None = None) -> Path:
+    """The pinned release wheel (`pin`, default the x86_64 one) in <cache>/downloads; only a complete file
+    with the pinned sha256 gets its name."""
+    pin = pin or component.wheel
     assert pin is not None, "build_target refuses a component without a wheel pin"
     downloads = cache.downloads
     with contextlib.suppress(OSError):
@@ -191,10 +205,11 @@ def download_wheel(component: Component, cache: Cache, say: Progress) -> Path:
     return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
 
 
-def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:
+def choose_wheels(package: str, version: str, upload: int | None = None) -> dict[str, WheelPin]:
     """{architecture: pin} for a release, chosen from the package index's file list (PyPI's JSON API or
     $KVFORGE_PYPI_URL): per architecture, the manylinux wheel of exactly `version` with the highest build
-    number (0.21.0's re-released `-1-` wheels over the first upload), whatever its manylinux tag
+    number (0.21.0's re-released `-1-` wheels over the first upload; with `upload`, only that build number: the
+    same upload as the wheels a target already pins), whatever its manylinux tag
     (2_35 for 0.20.2, 2_24 for 0.21.0, 2_28 for 0.22.0), pinned by the sha256 the index lists. The one
     choice `kvforge rebase --as` and new targets reuse to write [components.wheel]."""
     _index, files = release_files(package, version)
@@ -208,6 +223,8 @@ def choose_wheels(package: str, version: str) -> dict[str, WheelPin]:
         except (InvalidWheelFilename, InvalidVersion):
             continue
         if dist != canonicalize_name(package) or ver != Version(version):
+            continue
+        if upload is not None and (build[0] if build else 0) != upload:
             continue
         for arch in ARCHES:
             if any(t.platform.startswith("manylinux") and t.platform.endswith("_" + arch) for t in tags):
@@ -305,13 +322,15 @@ def _pyproject_build_changed(before: bytes | None, after: bytes | None) -> bool:
     return tables(before) != tables(after)
 
 
-def classify(changes: list[Change], members: set[str], read) -> None:
-    """Decide what the overlay does with each changed path (read(rev, path) -> bytes | None)."""
+def classify(changes: list[Change], members: set[str], read, rules: PackageBuild = VLLM_RULES) -> None:
+    """Decide what the overlay does with each changed path (read(rev, path) -> bytes | None), by the
+    package's rules (kvforge/platforms.py PACKAGE_BUILDS)."""
+    packages = tuple(f"{name}/" for name in rules.import_packages)
     for c in changes:
         p = c.path
-        if p.startswith(COMPILE_PREFIXES) or p in COMPILE_FILES:
+        if p.startswith(rules.compile_prefixes) or p in rules.compile_files:
             c.action, c.why = "refused", "compile"
-        elif p.startswith(PACKAGING_PREFIXES) or p in PACKAGING_FILES:
+        elif p.startswith(rules.packaging_prefixes) or p in rules.packaging_files:
             c.action, c.why = "refused", "packaging"
         elif p == "pyproject.toml":
             if _pyproject_build_changed(read("base", p), read("patched", p)):
@@ -320,7 +339,7 @@ def classify(changes: list[Change], members: set[str], read) -> None:
                 c.action, c.why = "not packaged", "only tool settings changed"
         elif p in members:
             c.action = "remove" if c.status == "D" else "replace"
-        elif p.startswith("vllm/"):
+        elif p.startswith(packages):
             if c.status == "A" and p.endswith(".py"):
                 c.action = "add"
             elif c.status == "D":
@@ -328,7 +347,7 @@ def classify(changes: list[Change], members: set[str], read) -> None:
             else:
                 c.action, c.why = "refused", "packaging"  # setup.py's package_data decides; only a build knows
         else:
-            c.action, c.why = "not packaged", "outside vllm/"
+            c.action, c.why = "not packaged", f"outside {', '.join(packages)}"
 
 
 def source_command(ctx, wheel_path: str, out: Path, compile_needed: bool) -> str:
@@ -374,9 +393,12 @@ def _wheel_text(text: str, build_tag: str) -> bytes:
 def local_version(release: str, target: str, digest: str) -> str:
     """The patched wheel's version: the release's with a PEP 440 local label naming kvforge, the target and
     the series digest (`0.20.2+kvforge.v0.20.2rc.3ade4a00e47759bf`): what pip freeze, pip show, lock files
-    and importlib.metadata show. Characters a local label cannot hold become '.'."""
+    and importlib.metadata show. Characters a local label cannot hold become '.'. A version that has a
+    local label already (vLLM's own `0.20.2+empty`) keeps it first and gets kvforge's after a '.', the way
+    vLLM's setup.py appends its device to a local version: `0.20.2+empty.kvforge.v0.20.2rc.<digest>`."""
     label = re.sub(r"[^A-Za-z0-9.]+", ".", target).strip(".").lower()
-    return f"{release}+kvforge.{label}.{digest}" if label else f"{release}+kvforge.{digest}"
+    ours = f"kvforge.{label}.{digest}" if label else f"kvforge.{digest}"
+    return f"{release}{'.' if '+' in release else '+'}{ours}"
 
 
 def _metadata_text(text: str, version: str) -> bytes:
@@ -456,24 +478,28 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
 
 # ---------------------------------------------------------------- the command
 
-def _identity(ctx, stack, upstream_pin, changes: list[Change], build_tag: str) -> dict:
+def _identity(ctx, stack, upstream_pin, changes: list[Change], build_tag: str, version: str | None = None,
+              device: str = "") -> dict:
     pats = stack.series.patches
-    return {
+    ident = {
         "schema": 1,
         "recipe": RECIPE,
         "target": ctx.target.name,
         "component": ctx.component.name,
         "version": ctx.component.release.version,
-        "local_version": local_version(ctx.component.release.version, ctx.target.name, stack.digest),
+        "local_version": version or local_version(ctx.component.release.version, ctx.target.name, stack.digest),
         "build_tag": build_tag,
         "base": {"ref": stack.base.ref, "commit": stack.base.commit, "source": stack.base.source},
         "series": {"digest": stack.digest, "origin": "series" if stack.origin == "series" else "commits",
                    "patches": [{"name": p.name, "fix_id": p.fix_id, "kind": p.kind,
                                 "upstream_status": p.upstream_status, "sha256": p.sha256} for p in pats]},
         "fix_ids": [p.fix_id for p in pats],
-        "upstream_wheel": {"filename": upstream_pin.filename, "sha256": upstream_pin.sha256},
+        "upstream_wheel": {"filename": upstream_pin.filename, "sha256": upstream_pin.sha256} if upstream_pin else None,
         "files": {a: [c.path for c in changes if c.action == a] for a in ("replace", "add", "remove")},
     }
+    if device:  # built from the patched tree by the package's own build, not overlaid on a release wheel
+        ident["device"] = device
+    return ident
 
 
 def builds_dir(ctx, digest: str) -> Path:
@@ -483,28 +509,47 @@ def builds_dir(ctx, digest: str) -> Path:
     return path
 
 
+def variant_of(comp: Component, pin: WheelPin) -> str:
+    """"" for the component's default wheel (its first x86_64 pin), else what tells this one apart: the
+    architecture, with the Python tag for a per-interpreter wheel (vllm_ascend's cp310/cp311)."""
+    default = pin == comp.wheel or (comp.wheel is None and pin.arch == "x86_64")  # unpinned: the index's x86_64
+    return "" if default else pin_label(pin)
+
+
+def pin_label(pin: WheelPin) -> str:
+    """A release wheel's kind: its architecture, with the Python tag of a per-interpreter wheel (cp311-x86_64)."""
+    _n, _v, _b, tags = parse_wheel_filename(pin.filename)
+    pys = sorted({t.interpreter for t in tags if t.abi != "abi3" and t.interpreter.startswith("cp")})
+    return "-".join([*pys, pin.arch or "any"])
+
+
 def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", platform: str = "cpu",
-                 wheel: Path | None = None, shard: tuple[int, int] = (1, 1)) -> BuildResult:
-    """Build (or, with `wheel`, only verify) the target's patched wheel; see the module docstring."""
+                 wheel: Path | None = None, shard: tuple[int, int] = (1, 1), pin: WheelPin | None = None,
+                 pinned: bool = True) -> BuildResult:
+    """Build (or, with `wheel`, only verify) the target's patched wheel of the release wheel `pin` (default:
+    the component's x86_64 pin); see the module docstring."""
     comp, say = ctx.component, ctx.progress
     t0 = time.monotonic()
     result = BuildResult(ctx.target.name, comp.name, mode, comp.release.version)
-    if comp.wheel is None:
-        raise KvforgeError(f"{ctx.target.path}: component {comp.name} pins no release wheel: add a "
-                           "[components.wheel] table (filename, sha256) to build one", EXIT_USAGE)
+    pin = pin or comp.wheel
+    if pin is None:
+        raise KvforgeError(f"{ctx.target.path}: component {comp.name} pins no release wheel: add "
+                           "[[components.wheels]] tables (filename, sha256) to build one", EXIT_USAGE)
+    rules = package_build(comp.release.package)
+    result.arch, result.variant, result.pinned = pin.arch, variant_of(comp, pin), pinned
     if platform != "cpu" and ctx.python is None:
         raise KvforgeError(f"--platform {platform}: pass --python PATH, the interpreter set up on a {platform} runner",
                            EXIT_USAGE)
     if platform != "cpu":
         require_available(platform, ctx.python)  # exit 7 (not run) where the hardware is missing
-    result.upstream = {"filename": comp.wheel.filename, "sha256": comp.wheel.sha256}
+    result.upstream = {"filename": pin.filename, "sha256": pin.sha256, "pinned": pinned}
     stack = open_stack(ctx)
     patched = stack.commits[-1]
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
     result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
-    result.build_tag = build_tag_for(comp.wheel.filename, stack.digest)
+    result.build_tag = build_tag_for(pin.filename, stack.digest)
     result.local_version = local_version(comp.release.version, ctx.target.name, stack.digest)
-    result.filename = output_filename(comp.wheel.filename, result.build_tag, result.local_version)
+    result.filename = output_filename(pin.filename, result.build_tag, result.local_version)
     out = Path(out)
     repo = stack.base.repo
     changes = diff_paths(repo, stack.base.commit, patched)
@@ -512,7 +557,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
 
     if mode == "source":
         compile_needed = any(c.path.startswith(COMPILE_PREFIXES) or c.path in COMPILE_FILES for c in changes)
-        wheel_path = str(ctx.cache.root / "downloads" / comp.wheel.filename)
+        wheel_path = str(ctx.cache.root / "downloads" / pin.filename)
         result.command = source_command(ctx, wheel_path, out, compile_needed)
         result.reason = ("not run: vLLM's source build downloads its build requirements (torch " 
                          "for CUDA) and, for csrc/ changes, compiles for hours with nvcc; run the command "
@@ -522,7 +567,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         return result
 
     rev = {"base": stack.base.commit, "patched": patched}
-    upstream = wheel or download_wheel(comp, ctx.cache, say)
+    upstream = wheel or download_wheel(comp, ctx.cache, say, pin)
     hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
@@ -530,7 +575,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         members = read_members(upstream)
         pyproject = read_blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
             if any(c.path == "pyproject.toml" for c in changes) else {}
-        classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"))
+        classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"), rules)
         refused = [c for c in changes if c.action == "refused"]
         if refused:
             compile_needed = any(c.why == "compile" for c in refused)
@@ -552,22 +597,32 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     finally:
         if hasher:
             hasher.join()
-    if hasher and (hasher.error or hasher.digest != comp.wheel.sha256):
+    if hasher and (hasher.error or hasher.digest != pin.sha256):
         shutil.rmtree(built.parent, ignore_errors=True)
         why = hasher.error or f"sha256 {hasher.digest}"
         with contextlib.suppress(OSError):
             upstream.unlink()  # a corrupt download: the next build fetches it again
         with contextlib.suppress(OSError):
             hasher.stamp.unlink()
-        raise KvforgeError(f"{upstream}: {why} does not match the pinned {comp.wheel.sha256}; removed it, run the "
+        raise KvforgeError(f"{upstream}: {why} does not match the pinned {pin.sha256}; removed it, run the "
                            "build again to download it", EXIT_NETWORK)
     if hasher:
         hasher.record()
+    return _verify_and_place(ctx, stack, result, built, wheel, out, t0,
+                             lambda: verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard, pin=pin,
+                                                  suffix=_suffix(result), version=result.local_version, rules=rules),
+                             platform)
+
+
+def _verify_and_place(ctx, stack, result: BuildResult, built: Path, wheel: Path | None, out: Path, t0: float,
+                      verify, platform: str) -> BuildResult:
+    """Hash and verify the built wheel (`verify()`); a verified wheel gets its name in --out in one step, a
+    failing one is deleted; the report goes to the build directory."""
     try:
         v0 = time.monotonic()
         result.sha256, result.size = sha256_file(built), built.stat().st_size
         result.seconds["hash"] = round(time.monotonic() - v0, 3)
-        result.verification = verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard)
+        result.verification = verify()
         result.seconds["verify"] = round(time.monotonic() - v0, 3)
         result.ok = result.verification.ok
         if not result.ok:
@@ -591,10 +646,142 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     else:
         result.wheel = str(wheel) if result.ok else None
     result.seconds["total"] = round(time.monotonic() - t0, 3)
-    report = builds_dir(ctx, stack.digest) / f"build-{platform}.json"
+    report = builds_dir(ctx, stack.digest) / f"build-{platform}{_suffix(result)}.json"
     report.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
     result.report = str(report)
     return result
+
+
+# ---------------------------------------------------------------- --device: the package's own source build
+
+STALE_DEVICE = r"^\.device-(?P<pid>\d+)$"
+
+
+def build_tools(ctx, env: Env, tree: Path, device: Device) -> Path:
+    """<cache>/build-tools/<hash>: the tree's [build-system] requirements but those the device skips (the CPU
+    env's torch stands in), installed once with pip --target for the CPU env's Python; made in a temporary
+    directory renamed into place, so a directory of that name is complete."""
+    try:
+        data = tomllib.loads((tree / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise KvforgeError(f"{tree / 'pyproject.toml'}: cannot read [build-system] ({exc})", EXIT_USAGE) from None
+    reqs = sorted(r for r in data.get("build-system", {}).get("requires", [])
+                  if canonicalize_name(re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0]) not in device.skip_build_requires)
+    key = hashlib.sha256(json.dumps([str(env.python), reqs]).encode()).hexdigest()[:16]
+    root = ctx.cache.root / "build-tools"
+    final = root / key
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{key}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ctx.say(f"installing the build's tools for {env.python}: {', '.join(reqs)}")
+    res = subprocess.run([str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input",
+                          "--target", str(tmp), *reqs], capture_output=True, text=True, env=env.environ())
+    if res.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = (res.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise KvforgeError(f"cannot install the build requirements {', '.join(reqs)}: {last}", EXIT_NETWORK)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another build made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def build_device(ctx, out: Path, device: Device, tests: str = "checks", shard: tuple[int, int] = (1, 1)) -> BuildResult:
+    """`kvforge build --device NAME`: the package's own build of the patched tree for a device vLLM ships no
+    release wheel for (empty: VLLM_TARGET_DEVICE=empty, pure Python), in the target's CPU env with
+    --no-build-isolation (vLLM's setup.py imports torch; the env's CPU torch stands in for the pinned one) and
+    the tree's other build requirements; reproducible (SOURCE_DATE_EPOCH = the patched commit's time, then
+    rewritten by kvforge.wheel: members in a fixed order, new members STORED). Its version is vLLM's own
+    (`0.20.2+empty`) with kvforge's local label after it; verified like an overlay (installed, RECORD, the
+    patched files, import of `device.import_check` with the CPU env's torch, the series' Checks)."""
+    comp, say = ctx.component, ctx.progress
+    if canonicalize_name(comp.release.package) not in device.packages:
+        raise KvforgeError(f"--device {device.name} builds {', '.join(device.packages)}; component {comp.name} is "
+                           f"{comp.release.package}", EXIT_USAGE)
+    t0 = time.monotonic()
+    result = BuildResult(ctx.target.name, comp.name, "device", comp.release.version, arch=None, device=device.name,
+                         variant=device.name)
+    stack = open_stack(ctx)
+    patched = stack.commits[-1]
+    rev = {"base": stack.base.commit, "patched": patched}
+    result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
+    result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
+    env = target_env(ctx, base=stack.base)
+    env.check()
+    root = ctx.cache.root / "builds"
+    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        remove_stale(root, STALE_DEVICE)
+    work = root / f".device-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        tree, dist = work / "tree", work / "dist"
+        gitutil.export(stack.base.repo.parent, patched, tree, env={"GIT_DIR": str(stack.base.repo)})
+        tools = build_tools(ctx, env, tree, device)
+        epoch = gitutil.run(stack.base.repo.parent, "log", "-1", "--format=%ct", patched,
+                            env={"GIT_DIR": str(stack.base.repo)}).stdout.strip()
+        e = env.environ({**dict(device.environ_items), "SOURCE_DATE_EPOCH": epoch,
+                         "SETUPTOOLS_SCM_PRETEND_VERSION": comp.release.version})
+        e["PYTHONPATH"] = os.pathsep.join([str(tools), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        cmd = [str(env.python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+               "--disable-pip-version-check", "--no-input", "-w", str(dist), str(tree)]
+        result.command = " ".join([*(f"{k}={v}" for k, v in device.environ_items), f"SOURCE_DATE_EPOCH={epoch}",
+                                   f"SETUPTOOLS_SCM_PRETEND_VERSION={comp.release.version}",
+                                   f"PYTHONPATH={tools}", *map(shlex.quote, cmd)])
+        say(f"building {comp.name} for device {device.name} from the patched tree ({patched[:12]}) with its own "
+            "setup.py")
+        b0 = time.monotonic()
+        log = builds_dir(ctx, stack.digest) / f"build-{device.name}.log"
+        with open(log, "w", encoding="utf-8") as fh:
+            res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True, env=e, cwd=tree)
+        result.seconds["source_build"] = round(time.monotonic() - b0, 3)
+        made = sorted(dist.glob("*.whl"))
+        if res.returncode != 0 or len(made) != 1:
+            raise KvforgeError(f"{ctx.label}: {comp.name}'s own build for device {device.name} failed (exit "
+                               f"{res.returncode}); its log: {log}", EXIT_ENV)
+        upstream = made[0]
+        _n, own_version, _b, _t = parse_wheel_filename(upstream.name)
+        result.local_version = local_version(str(own_version), ctx.target.name, stack.digest)
+        result.build_tag = build_tag_for(upstream.name, stack.digest)
+        result.filename = output_filename(upstream.name, result.build_tag, result.local_version)
+        result.upstream = {"filename": upstream.name, "built_by": f"{comp.name}'s setup.py", "log": str(log)}
+        members = read_members(upstream)
+        changes = diff_paths(stack.base.repo, stack.base.commit, patched)
+        classify(changes, {m.name for m in members}, lambda *_: None)
+        for c in changes:
+            if c.action == "refused":
+                c.action, c.why = "built", f"{c.why} input: built from the patched tree"
+        result.changes = changes
+        identity = _identity(ctx, stack, None, changes, result.build_tag, result.local_version, device.name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            stage = out / f".kvforge-build-{os.getpid()}"
+            shutil.rmtree(stage, ignore_errors=True)
+            stage.mkdir()
+        except OSError as exc:
+            raise out_error(out, exc) from None
+        built = stage / result.filename
+        w0 = time.monotonic()
+        try:
+            overlay(upstream, built, {}, {}, set(), identity, result.build_tag, members, result.local_version)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        result.seconds["rewrite"] = round(time.monotonic() - w0, 3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _verify_and_place(ctx, stack, result, built, None, out, t0,
+                             lambda: verify_wheel(ctx, stack, built, changes, rev, tests, "cpu", shard, pin=None,
+                                                  suffix=_suffix(result), version=result.local_version,
+                                                  import_check=device.import_check), "cpu")
+
+
+def _suffix(result: BuildResult) -> str:
+    """The report's and JUnit file's suffix: none for the component's default wheel (its names stay)."""
+    return f"-{result.variant}" if result.variant else ""
 
 
 def out_error(out: Path, exc: OSError) -> KvforgeError:
@@ -628,7 +815,9 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
     replace = {c.path: patched(c.path) for c in touched if c.action == "replace"}
     add = {c.path: patched(c.path) for c in touched if c.action == "add"}
     remove = {c.path for c in touched if c.action == "remove"}
-    identity = _identity(ctx, stack, ctx.component.wheel, changes, result.build_tag)
+    pin = WheelPin(result.upstream["filename"], result.upstream["sha256"]) if result.upstream.get("filename") \
+        else ctx.component.wheel
+    identity = _identity(ctx, stack, pin, changes, result.build_tag)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -687,6 +876,13 @@ except Exception as exc:
     out["platform"] = f"{type(exc).__name__}: {exc}"
 import torch
 out["torch"] = torch.__version__
+out["imported"] = {}
+for name in filter(None, os.environ.get("KVFORGE_IMPORT_CHECK", "").split(",")):
+    try:
+        out["imported"][name] = __import__("importlib").import_module(name).__file__
+    except Exception as exc:
+        out["imported"][name] = None
+        out["import_errors"] = {**out.get("import_errors", {}), name: f"{type(exc).__name__}: {str(exc)[:200]}"}
 print("KVFORGE-PROBE " + json.dumps(out))
 """
 
@@ -726,13 +922,62 @@ def _shard(items: list[str], shard: tuple[int, int]) -> list[str]:
     return [s for i, s in enumerate(sorted(items)) if i % n == k - 1]
 
 
+def machine_arch() -> str:
+    """This machine's architecture as wheel tags name it (x86_64, aarch64)."""
+    m = host_platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def _env_python_tag(env: Env) -> str:
+    """cpXY of the environment's interpreter."""
+    res = subprocess.run([str(env.python), "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, env=env.environ())
+    return res.stdout.strip() or f"cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def foreign_reason(pin: WheelPin | None, py_tag: str) -> str:
+    """"" when this machine's CPU env can import the wheel; else why not (its import is then "not run")."""
+    if pin is None:
+        return ""
+    _n, _v, _b, tags = parse_wheel_filename(pin.filename)
+    if pin.arch and pin.arch != machine_arch():
+        return f"an {pin.arch} wheel on this {machine_arch()} machine"
+    pys = {t.interpreter for t in tags if t.abi != "abi3"}
+    if pys and py_tag not in pys:
+        return f"a {'/'.join(sorted(pys))} wheel; the CPU env's Python is {py_tag}"
+    return ""
+
+
+def install_args(pin: WheelPin | None, foreign: str) -> list[str]:
+    """pip's options to install a wheel for another platform or Python into --target (the wheel's own tags)."""
+    if pin is None or not foreign:
+        return []
+    _n, _v, _b, tags = parse_wheel_filename(pin.filename)
+    args: list[str] = []
+    for plat in sorted({t.platform for t in tags}):
+        args += ["--platform", plat]
+    abis = sorted({t.abi for t in tags})
+    cps = sorted({t.interpreter for t in tags if t.interpreter.startswith("cp")})
+    if cps and abis != ["abi3"]:
+        args += ["--python-version", f"{cps[0][2]}.{cps[0][3:]}"]
+    for abi in abis:
+        args += ["--abi", abi]
+    return args + ["--implementation", "cp", "--only-binary=:all:"]
+
+
 def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, tests: str, platform: str,
-                 shard: tuple[int, int] = (1, 1)) -> Verification:
+                 shard: tuple[int, int] = (1, 1), pin: WheelPin | None = None, suffix: str = "",
+                 version: str | None = None, rules: PackageBuild = VLLM_RULES, import_check: tuple[str, ...] = ()) -> Verification:
+    """Install the wheel with --no-deps into a directory and check it (see the module docstring). What this
+    machine cannot import (another architecture or Python) is installed for the wheel's own platform tags and
+    checked by RECORD, file and metadata only; its import and tests are labelled not run."""
     say = ctx.progress
     v = Verification(platform=platform)
-    env = target_env(ctx, base=stack.base, platform=platform)
+    env = target_env(ctx, base=stack.base, platform=platform) if rules.probe == "vllm" else \
+        target_env(ctx.for_component(ctx.component.requires), platform=platform)
     env.check()
     v.python = str(env.python)
+    foreign = foreign_reason(pin, _env_python_tag(env))
     root = ctx.cache.root / "builds"
     root.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
@@ -742,9 +987,11 @@ def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, test
     site, troot = work / "site", work / "root"
     try:
         t = time.monotonic()
-        say(f"verifying {wheel.name}: pip install --no-deps --target (with {env.python})")
+        say(f"verifying {wheel.name}: pip install --no-deps --target" + (f" (for its own tags: {foreign})" if foreign else
+                                                                         f" (with {env.python})"))
         res = subprocess.run([str(env.python), "-m", "pip", "install", "--no-deps", "--no-compile", "--no-index",
-                              "--disable-pip-version-check", "--no-input", "-q", "--target", str(site), str(wheel)],
+                              "--disable-pip-version-check", "--no-input", "-q", *install_args(pin, foreign),
+                              "--target", str(site), str(wheel)],
                              capture_output=True, text=True, env=env.environ())
         v.seconds["install"] = round(time.monotonic() - t, 3)
         if res.returncode != 0:
@@ -758,65 +1005,173 @@ def verify_wheel(ctx, stack, wheel: Path, changes: list[Change], rev: dict, test
         v.seconds["record"] = round(time.monotonic() - t, 3)
         v.modules = check_modules(stack, site, changes, rev)
         v.problems += v.modules.pop("problems")
-        # Probe and tests run from a directory holding only the patched tree's tests/ and pyproject.toml.
-        troot.mkdir(parents=True)
-        _extract(stack.base.repo, rev["patched"], ["tests", "pyproject.toml"], troot)
-        (troot / "kvforge_vllm_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
-        origin = work / "vllm-origin.json"
-        senv = SiteEnv.of(env, site, {"KVFORGE_RELEASE": ctx.component.release.version,
-                                   "KVFORGE_VLLM_ORIGIN": str(origin)})
-        t = time.monotonic()
-        v.probe = _probe(senv, troot)
-        v.seconds["import"] = round(time.monotonic() - t, 3)
-        if "error" in v.probe:
-            v.problems.append(f"import vllm from the installed wheel failed: {v.probe['error']}")
-            return v
-        if not Path(v.probe["vllm_file"]).resolve().is_relative_to(site.resolve()):
-            v.problems.append(f"vllm imported from {v.probe['vllm_file']}, not from the installed wheel")
-        if not v.probe["version_is_release"]:
-            v.problems.append(f"vllm.__version__ {v.probe['version']} != the release {ctx.component.release.version}")
-        want = local_version(ctx.component.release.version, ctx.target.name, stack.digest)
-        if v.probe.get("metadata_version") != want and wheel.name.split("-")[1] == want:
-            v.problems.append(f"importlib.metadata says vllm {v.probe.get('metadata_version')}, the wheel {want}")
-        ident = v.probe.get("identity") or {}
-        if ident.get("series", {}).get("digest") != stack.digest or ident.get("base", {}).get("commit") != stack.base.commit:
-            v.problems.append("the installed kvforge.json does not name this base and series")
-        checks = unique(c for p in stack.series.patches for c in p.checks)
-        selection = list(checks)
-        if tests == "all":
-            selection = unique([*ctx.component.tests.get(platform, ()), *checks])
-        selection = _shard(selection, shard)
-        v.tests = {"selected": selection, "mode": tests, "shard": f"{shard[0]}/{shard[1]}"}
-        if not selection:
-            v.tests["note"] = "nothing to run: the series names no Checks" if tests == "checks" else "nothing selected"
-            if tests == "all":
-                v.problems.append(f"no tests selected for {platform} (shard {shard[0]}/{shard[1]})")
+        if pin is not None and (ctx.cache.downloads / pin.filename).is_file():
+            v.record["compiled"] = check_compiled(ctx.cache.downloads / pin.filename, wheel)
+            v.problems += v.record["compiled"].pop("problems")
+        v.record["metadata"] = check_metadata(site, version, stack)
+        v.problems += v.record["metadata"].pop("problems")
+        if foreign:
+            v.probe = {"not_run": f"import and tests not run: {foreign} (checked by RECORD, files and metadata)"}
+        elif rules.probe == "plugin":
+            v.probe = plugin_probe(ctx, env, site, changes, rules)
+            v.problems += v.probe.pop("problems")
+            v.tests = {"note": "the series' Checks of this component need its device (npu): not run here; "
+                               "kvforge verify runs them on CPU from the tree with stand-ins"}
         else:
-            rdir = builds_dir(ctx, stack.digest)
-            say(f"running {len(selection)} tests with vllm from {site} ({platform})")
-            run = run_pytest(senv, troot, selection, rdir / f"verify-{platform}.xml",
-                             {**run_properties(ctx.target, ctx.component, stack, platform, "wheel", rev["patched"]),
-                              "wheel": wheel.name}, "wheel", rev["patched"])
-            c = run.counts()
-            v.tests.update({**c, "junit": str(run.junit) if run.junit else None, "log": str(run.log) if run.log else None,
-                            "seconds": round(run.seconds, 2), "missing": run.not_in_tree + run.missing,
-                            "problems": run.problems()})
-            if c["failed"] or c["errors"] or not run.cases or run.not_in_tree or run.missing:
-                v.problems.append(f"tests: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, "
-                                  f"{len(run.not_in_tree) + len(run.missing)} missing (log: {run.log})")
-            loaded = json.loads(origin.read_text()) if origin.is_file() else {}
-            elsewhere = sorted(n for n, f in loaded.items() if not Path(f).resolve().is_relative_to(site.resolve()))
-            v.tests["vllm_modules_loaded"] = len(loaded)
-            v.tests["vllm_modules_elsewhere"] = elsewhere[:20]
-            if not loaded:
-                v.problems.append("the tests loaded no vllm module (the origin plugin wrote nothing)")
-            if elsewhere:
-                v.problems.append(f"{len(elsewhere)} vllm modules came from outside the installed wheel: {elsewhere[:3]}")
-            v.seconds["tests"] = round(run.seconds, 2)
+            _vllm_probe_and_tests(ctx, stack, v, env, wheel, site, troot, work, rev, tests, platform, shard, suffix,
+                                  version, import_check)
         v.ok = not v.problems
         return v
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _vllm_probe_and_tests(ctx, stack, v: Verification, env: Env, wheel: Path, site: Path, troot: Path, work: Path, rev: dict,
+                          tests: str, platform: str, shard: tuple[int, int], suffix: str, version: str | None,
+                          import_check: tuple[str, ...]) -> None:
+    say = ctx.progress
+    # Probe and tests run from a directory holding only the patched tree's tests/ and pyproject.toml.
+    troot.mkdir(parents=True, exist_ok=True)
+    _extract(stack.base.repo, rev["patched"], ["tests", "pyproject.toml"], troot)
+    (troot / "kvforge_vllm_origin.py").write_text(ORIGIN_PLUGIN, encoding="utf-8")
+    origin = work / "vllm-origin.json"
+    senv = SiteEnv.of(env, site, {"KVFORGE_RELEASE": ctx.component.release.version,
+                                  "KVFORGE_VLLM_ORIGIN": str(origin),
+                                  "KVFORGE_IMPORT_CHECK": ",".join(import_check)})
+    t = time.monotonic()
+    v.probe = _probe(senv, troot)
+    v.seconds["import"] = round(time.monotonic() - t, 3)
+    if "error" in v.probe:
+        v.problems.append(f"import vllm from the installed wheel failed: {v.probe['error']}")
+        return
+    if not Path(v.probe["vllm_file"]).resolve().is_relative_to(site.resolve()):
+        v.problems.append(f"vllm imported from {v.probe['vllm_file']}, not from the installed wheel")
+    if not v.probe["version_is_release"]:
+        v.problems.append(f"vllm.__version__ {v.probe['version']} != the release {ctx.component.release.version}")
+    want = version or local_version(ctx.component.release.version, ctx.target.name, stack.digest)
+    if v.probe.get("metadata_version") != want and wheel.name.split("-")[1] == want:
+        v.problems.append(f"importlib.metadata says vllm {v.probe.get('metadata_version')}, the wheel {want}")
+    for mod, where in (v.probe.get("imported") or {}).items():
+        if not where or not Path(where).resolve().is_relative_to(site.resolve()):
+            v.problems.append(f"import {mod}: {where or 'failed'}")
+    ident = v.probe.get("identity") or {}
+    if ident.get("series", {}).get("digest") != stack.digest or ident.get("base", {}).get("commit") != stack.base.commit:
+        v.problems.append("the installed kvforge.json does not name this base and series")
+    checks = unique(c for p in stack.series.patches for c in p.checks)
+    selection = list(checks)
+    if tests == "all":
+        selection = unique([*ctx.component.tests.get(platform, ()), *checks])
+    selection = _shard(selection, shard)
+    v.tests = {"selected": selection, "mode": tests, "shard": f"{shard[0]}/{shard[1]}"}
+    if not selection:
+        v.tests["note"] = "nothing to run: the series names no Checks" if tests == "checks" else "nothing selected"
+        if tests == "all":
+            v.problems.append(f"no tests selected for {platform} (shard {shard[0]}/{shard[1]})")
+        return
+    rdir = builds_dir(ctx, stack.digest)
+    say(f"running {len(selection)} tests with vllm from {site} ({platform})")
+    run = run_pytest(senv, troot, selection, rdir / f"verify-{platform}{suffix}.xml",
+                     {**run_properties(ctx.target, ctx.component, stack, platform, "wheel", rev["patched"]),
+                      "wheel": wheel.name}, "wheel", rev["patched"])
+    c = run.counts()
+    v.tests.update({**c, "junit": str(run.junit) if run.junit else None, "log": str(run.log) if run.log else None,
+                    "seconds": round(run.seconds, 2), "missing": run.not_in_tree + run.missing,
+                    "problems": run.problems()})
+    if c["failed"] or c["errors"] or not run.cases or run.not_in_tree or run.missing:
+        v.problems.append(f"tests: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, "
+                          f"{len(run.not_in_tree) + len(run.missing)} missing (log: {run.log})")
+    loaded = json.loads(origin.read_text()) if origin.is_file() else {}
+    elsewhere = sorted(n for n, f in loaded.items() if not Path(f).resolve().is_relative_to(site.resolve()))
+    v.tests["vllm_modules_loaded"] = len(loaded)
+    v.tests["vllm_modules_elsewhere"] = elsewhere[:20]
+    if not loaded:
+        v.problems.append("the tests loaded no vllm module (the origin plugin wrote nothing)")
+    if elsewhere:
+        v.problems.append(f"{len(elsewhere)} vllm modules came from outside the installed wheel: {elsewhere[:3]}")
+    v.seconds["tests"] = round(run.seconds, 2)
+
+
+def check_compiled(upstream: Path, wheel: Path) -> dict:
+    """Every compiled file (.so) of the release wheel is in the new wheel with the same RECORD hash and size
+    (so the installed .so, checked against RECORD, is the release's byte for byte)."""
+    def rows(path: Path) -> dict[str, tuple[str, str]]:
+        members = read_members(path)
+        rec = next(m for m in members if m.name.endswith(".dist-info/RECORD") and m.name.count("/") == 1)
+        return parse_record(read_member(path, rec).decode("utf-8"), path.name)
+    old, new = rows(upstream), rows(wheel)
+    so = sorted(p for p in old if p.endswith(".so") or ".so." in p)
+    problems = [f"{p}: not the release wheel's" for p in so if new.get(p) != old[p]]
+    return {"files": len(so), "equal": len(so) - len(problems), "problems": problems[:5]}
+
+
+def check_metadata(site: Path, version: str | None, stack) -> dict:
+    """The installed dist-info: its METADATA Version (the local label) and kvforge.json (base and series)."""
+    infos = sorted(site.glob("*.dist-info"))
+    problems: list[str] = []
+    if len(infos) != 1:
+        return {"problems": [f"expected one installed .dist-info, found {[p.name for p in infos]}"]}
+    meta = (infos[0] / "METADATA").read_text(encoding="utf-8", errors="replace")
+    got = next((ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Version:")), None)
+    if version and got != version:
+        problems.append(f"installed METADATA says Version {got}, expected {version}")
+    try:
+        ident = json.loads((infos[0] / IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        ident = {}
+    if ident.get("series", {}).get("digest") != stack.digest or ident.get("base", {}).get("commit") != stack.base.commit:
+        problems.append(f"the installed {IDENTITY_FILE} does not name this base and series")
+    return {"dist_info": infos[0].name, "version": got, "identity": bool(ident), "problems": problems}
+
+
+PLUGIN_PROBE = r"""
+import importlib, json, os, sys, traceback
+out = {}
+for name in os.environ["KVFORGE_MODULES"].split(","):
+    try:
+        m = importlib.import_module(name)
+        out[name] = {"file": getattr(m, "__file__", None)}
+    except BaseException as exc:
+        out[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                     "missing": getattr(exc, "name", None) if isinstance(exc, ImportError) else None}
+print("KVFORGE-PROBE " + json.dumps(out))
+"""
+
+
+def plugin_probe(ctx, env: Env, site: Path, changes: list[Change], rules: PackageBuild) -> dict:
+    """A plugin package (vllm-ascend) installed in `site`, next to the required component's patched tree
+    (its package on PYTHONPATH, as kvforge verify layers it; no stand-ins): import the package and every
+    module the series replaces or adds. A module that needs the device's stack (torch_npu, ...) is "not
+    run"; any other failure, or a module imported from elsewhere than `site`, is a problem."""
+    lay = layer(ctx)
+    mods = [rules.import_packages[0]] + sorted(
+        c.path[:-3].replace("/", ".").removesuffix(".__init__") for c in changes
+        if c.action in ("replace", "add") and c.path.endswith(".py"))
+    e = env.environ({k: v for k, v in lay.environ.items() if not k.startswith("KVFORGE_STANDINS")})
+    e["PYTHONPATH"] = os.pathsep.join([str(site), str(lay.path)])
+    e["KVFORGE_MODULES"] = ",".join(unique(mods))
+    try:
+        res = subprocess.run([str(env.python), "-c", PLUGIN_PROBE], capture_output=True, text=True, env=e,
+                             cwd=site, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"problems": [f"the import probe failed: {exc}"]}
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("KVFORGE-PROBE ")), None)
+    if line is None:
+        return {"problems": [f"the import probe failed: {(res.stderr.strip().splitlines() or ['no output'])[-1]}"]}
+    found = json.loads(line.split(" ", 1)[1])
+    imported, not_run, problems = [], {}, []
+    for name, r in found.items():
+        missing = (r.get("missing") or "").split(".")[0]
+        if "file" in r:
+            if r["file"] and Path(r["file"]).resolve().is_relative_to(site.resolve()):
+                imported.append(name)
+            else:
+                problems.append(f"import {name}: from {r['file']}, not from the installed wheel")
+        elif missing in rules.modules_need:
+            not_run[name] = f"needs {missing} (the device's stack): not run"
+        else:
+            problems.append(f"import {name}: {r['error']}")
+    return {"required": f"{lay.requires} patched tree {lay.commit[:12]} ({lay.path})", "imported": imported,
+            "not_run": not_run, "problems": problems}
 
 
 def check_record(wheel: Path, site: Path) -> dict:
@@ -904,7 +1259,12 @@ def render(result: BuildResult) -> str:
         return "\n".join(lines)
     echo(f"{result.target}/{result.component}: base {result.base_ref} ({result.base[:12]}), series {result.series} "
          f"({len(result.fix_ids)} patches: {', '.join(result.fix_ids) or 'none'})")
-    echo(f"upstream {result.upstream.get('filename')} (sha256 {result.upstream.get('sha256', '')[:16]}...)")
+    if result.device:
+        echo(f"built for device {result.device} by {result.upstream.get('built_by')}: {result.upstream.get('filename')} "
+             f"-> version {result.local_version}")
+    else:
+        echo(f"upstream {result.upstream.get('filename')} (sha256 {result.upstream.get('sha256', '')[:16]}...)"
+             + ("" if result.pinned else "; not pinned in the target: chosen from the index's file list"))
     for c in result.changes:
         echo(f"  {c.action:<13} {c.path}" + (f"  ({c.why})" if c.why else ""))
     v = result.verification
@@ -914,11 +1274,27 @@ def render(result: BuildResult) -> str:
             echo(f"  RECORD: {v.record['checked']} files checked against the installed wheel (sha256 and size)")
         if v.modules:
             echo(f"  patched files installed = patched tree: {len(v.modules['equal'])} equal")
+        if v.record.get("compiled"):
+            cc = v.record["compiled"]
+            echo(f"  compiled files (.so): {cc['equal']} of {cc['files']} equal to the release wheel's")
+        if v.record.get("metadata"):
+            md = v.record["metadata"]
+            echo(f"  installed {md.get('dist_info')}: Version {md.get('version')}, kvforge.json {md.get('identity')}")
         p = v.probe
+        if p and p.get("not_run") and isinstance(p["not_run"], str):
+            echo(f"  NOT RUN {p['not_run']}")
+        if p and "imported" in p and "vllm_file" not in p:
+            echo(f"  import next to {p.get('required')}: {len(p['imported'])} modules imported from the wheel")
+            for mod, why in sorted((p.get("not_run") or {}).items()):
+                echo(f"    NOT RUN import {mod}: {why}")
+        if v.tests.get("note") and not v.tests.get("selected"):
+            echo(f"  tests: {v.tests['note']}")
         if p and "vllm_file" in p:
             echo(f"  import vllm -> {p['vllm_file']} (version {p['version']}, metadata {p['metadata_version']}, "
                  f"== release: {p['version_is_release']}; WHEEL Build: {', '.join(p['wheel_build'])})")
             echo(f"  {p['compiled']}; platform {p['platform']}; torch {p['torch']}")
+            for mod, where in (p.get("imported") or {}).items():
+                echo(f"  import {mod} -> {where or (p.get('import_errors') or {}).get(mod)}")
         if v.tests.get("selected"):
             tt = v.tests
             echo(f"  tests ({tt['mode']}, shard {tt['shard']}): {tt.get('passed', 0)} passed, {tt.get('failed', 0)} "
@@ -936,28 +1312,92 @@ def render(result: BuildResult) -> str:
     return "\n".join(lines)
 
 
+def wheels_to_build(ctx, arch: str | None) -> list[tuple[WheelPin, bool]]:
+    """[(release wheel, pinned)] for --arch: none given, the component's x86_64 pins (vLLM's one, or
+    vllm_ascend's per Python); `all`, every pin; an architecture, its pins. An architecture the target pins
+    no wheel for (a target written before it had pins, or by an older `rebase --as`) takes the index's
+    choice (choose_wheels: that release's wheel with the highest build number), reported as not pinned."""
+    comp = ctx.component
+    arches = list(ARCHES) if arch == "all" else [arch or "x86_64"]
+    out: list[tuple[WheelPin, bool]] = []
+    chosen: dict[str, WheelPin] | None = None
+    for a in arches:
+        pins = [w for w in comp.wheels if w.arch == a]
+        if pins:
+            out += [(w, True) for w in pins]
+            continue
+        if chosen is None:
+            ctx.say(f"{ctx.target.path.name}: no {a} wheel pinned for {comp.name}; choosing from the index's file list")
+            # the same upload as the wheels it does pin (v0.20.1 pins the first upload, not the -1- rebuild)
+            uploads = {(parse_wheel_filename(w.filename)[2] or (0,))[0] for w in comp.wheels}
+            chosen = choose_wheels(comp.release.package, comp.release.version,
+                                   uploads.pop() if len(uploads) == 1 else None)
+        if a in chosen:
+            out.append((chosen[a], False))
+        elif arch != "all":
+            raise KvforgeError(f"{ctx.target.path}: component {comp.name} pins no {a} release wheel and the index "
+                               f"has none for {comp.release.package}=={comp.release.version}", EXIT_USAGE)
+    if not out:
+        raise KvforgeError(f"{ctx.target.path}: component {comp.name} pins no release wheel and the index has none "
+                           f"for {comp.release.package}=={comp.release.version}", EXIT_USAGE)
+    return out
+
+
 def build_command(ctx, out: Path, mode: str, tests: str, platform: str, wheel_path: Path | None,
-                  shard: tuple[int, int]) -> Done:
+                  shard: tuple[int, int], arch: str | None = None, device: str | None = None) -> Done:
     """`kvforge build`: build (or verify --wheel FILE, or the wheel of this base and series in --wheel
-    DIR) and end with the verdict; its JSON carries "exit" and "error" (null when it passed). A
-    refused series ends as BuildRefused with {"target", "ok": false, "mode", "command"}."""
-    wheel = wheel_path
-    if wheel_path is not None and wheel_path.is_dir():
-        pin = ctx.component.wheel
-        if pin is None:
-            raise KvforgeError(f"{ctx.target.path}: no [components.wheel] pin", EXIT_USAGE)
-        digest = open_stack(ctx).digest
-        name = output_filename(pin.filename, build_tag_for(pin.filename, digest),
-                               local_version(ctx.component.release.version, ctx.target.name, digest))
-        wheel = wheel_path / name
-        if not wheel.is_file():
-            raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",
+    DIR) and end with the verdict; its JSON carries "exit" and "error" (null when it passed). One wheel:
+    that build's object; several (--arch all, vllm_ascend's per-Python wheels): {"builds": [...], "ok",
+    "exit", "error"}. A refused series ends as BuildRefused with {"target", "ok": false, "mode", "command"}."""
+    if device is not None:
+        if wheel_path is not None or mode != "overlay" or arch is not None:
+            raise KvforgeError("--device builds from the patched tree: not with --wheel, --mode source or --arch",
                                EXIT_USAGE)
+        result = build_device(ctx, out, DEVICES[device], tests, shard)
+        code, error = verdict(result)
+        return Done({**result.to_json(), "exit": code, "error": error}, render(result), code, error)
+    targets: list[tuple[WheelPin | None, bool, Path | None]] = []
+    if wheel_path is not None and wheel_path.is_dir():
+        digest = open_stack(ctx).digest
+        for want, pinned in wheels_to_build(ctx, arch):
+            name = output_filename(want.filename, build_tag_for(want.filename, digest),
+                                   local_version(ctx.component.release.version, ctx.target.name, digest))
+            if not (wheel_path / name).is_file():
+                raise KvforgeError(f"--wheel {wheel_path}: no {name} (the wheel of this base and series) in it",
+                                   EXIT_USAGE)
+            targets.append((want, pinned, wheel_path / name))
+    elif wheel_path is not None:
+        _n, _v, _b, tags = parse_wheel_filename(wheel_path.name)
+        match = [(w, True) for w in ctx.component.wheels
+                 if parse_wheel_filename(w.filename)[3] == tags] or [(None, True)]
+        targets.append((match[0][0], match[0][1], wheel_path))
+    else:
+        targets += [(pin, pinned, None) for pin, pinned in
+                    ([(None, True)] if mode == "source" and arch is None else wheels_to_build(ctx, arch))]
+    results: list[BuildResult] = []
+    skipped: list[str] = []
     try:
-        result = build_target(ctx, out, mode=mode, tests=tests, platform=platform, wheel=wheel, shard=shard)
+        for pin, pinned, wheel in targets:
+            if any(not r.ok for r in results):  # the same patched files: a wheel whose checks failed fails them all
+                skipped.append(pin.filename if pin else "?")
+                continue
+            results.append(build_target(ctx, out, mode=mode, tests=tests, platform=platform, wheel=wheel,
+                                        shard=shard, pin=pin, pinned=pinned))
     except BuildRefused as refused:
         refused.data = {"target": ctx.target.name, "ok": False, "mode": mode, "command": refused.command,
                         "error": str(refused)}
         raise
-    code, error = verdict(result)
-    return Done({**result.to_json(), "exit": code, "error": error}, render(result), code, error)
+    verdicts = [verdict(r) for r in results]
+    code = next((c for c, _e in verdicts if c), 0)
+    error = "; ".join(e for _c, e in verdicts if e) or None
+    text = "\n\n".join(render(r) for r in results)
+    if skipped:
+        text += "\n\nnot built (an earlier wheel of the same series failed): " + ", ".join(skipped)
+    if len(results) == 1 and not skipped:
+        return Done({**results[0].to_json(), "exit": code, "error": error}, text, code, error)
+    summary = ["", "wheels:"] + [f"  {'ok  ' if r.ok else 'FAIL'} "
+                                 f"{pin_label(WheelPin(r.upstream['filename'], '')) if not r.device else r.variant:<14} "
+                                 f"{r.filename}" + ("" if r.pinned else "  (not pinned: chosen from the index)")
+                                 for r in results]
+    return Done({"builds": [r.to_json() for r in results], "ok": all(r.ok for r in results) and not skipped,
+                 "not_built": skipped, "exit": code, "error": error}, text + "\n".join(summary), code, error)

@@ -31,7 +31,7 @@ from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from .cache import Cache
 from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, KvforgeError
 from .outcome import Outcome
-from .platforms import JOB_KINDS, PLATFORMS
+from .platforms import DEVICES, JOB_KINDS, PLATFORMS
 from .report import json_text
 
 GLOBAL_OPTIONS = ("--cache-dir",)
@@ -597,20 +597,30 @@ def _shard_value(_ctx, _param, value):
 @click.option("--tests", "tests_mode", type=click.Choice(["checks", "all"]), default="checks", show_default=True,
               help="Verify with the series' Checks, or with the platform's selection plus the Checks.")
 @click.option("--shard", callback=_shard_value, metavar="K/N", help="Run only the K-th of N parts of the tests.")
+@click.option("--arch", type=click.Choice(["x86_64", "aarch64", "all"]),
+              help="Which release wheels to overlay: an architecture's pins, or all [default: the x86_64 ones]. "
+                   "A wheel this machine cannot import is checked by RECORD, files and metadata; its import is "
+                   "labelled not run.")
+@click.option("--device", type=click.Choice(list(DEVICES)),
+              help="Instead of an overlay: vLLM's own build of the patched tree for this device (empty: "
+                   "VLLM_TARGET_DEVICE=empty, pure Python, the vLLM an Ascend deployment installs under vllm-ascend).")
 @tree_options
 @click.pass_obj
 @handle_errors
 def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, mode: str, wheel_path: Path | None,
-              platform_name: str, tests_mode: str, shard: tuple[int, int], from_rev: str | None, python: Path | None,
+              platform_name: str, tests_mode: str, shard: tuple[int, int], arch: str | None, device: str | None,
+              from_rev: str | None, python: Path | None,
               torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
-    """Build the target's patched vLLM wheel from the release wheel, and verify it.
+    """Build the target's patched wheels from the release wheels, and verify them.
 
     \b
-    The release wheel (pinned in the target file, [components.wheel]) is downloaded once; the
-    files the series changes are replaced with the patched tree's, everything else is copied as
-    stored (compiled .so files, data), RECORD is rewritten. The version stays the release's
-    (vllm-ascend checks it exactly); the series is named by the build tag and
-    <dist-info>/kvforge.json. Same base and series: the same bytes on every machine.
+    The release wheels (pinned in the target file, [[components.wheels]], one per platform tag)
+    are downloaded once; the files the series changes are replaced with the patched tree's,
+    everything else is copied as stored (compiled .so files, data), RECORD is rewritten. The
+    version gets kvforge's local label (0.20.2+kvforge.<target>.<digest>: pip freeze/show say it);
+    vllm.__version__ stays the release's (vllm-ascend checks it exactly); a build tag and
+    <dist-info>/kvforge.json name the series. Same base and series: the same bytes.
+    --component vllm-ascend overlays vllm-ascend's release wheels (its .so files untouched).
     Every build is verified before it gets its name in --out: installed with --no-deps, RECORD
     checked, the patched files compared with the tree, then the series' Checks run with vllm
     imported from the installed wheel. A series that changes compiled inputs or packaging
@@ -620,7 +630,7 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    finish(build.build_command(ctx, out, mode, tests_mode, platform_name, wheel_path, shard), as_json)
+    finish(build.build_command(ctx, out, mode, tests_mode, platform_name, wheel_path, shard, arch, device), as_json)
 
 
 @cli.command("matrix")

@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Collection
 
+from packaging.utils import canonicalize_name
+
 from . import gitutil
 from . import platforms as platforms_mod
 from .errors import EXIT_USAGE, KvforgeError
@@ -170,13 +172,31 @@ class _Unit:
 
 
 def _build_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
-    """The patched release wheel, verified on CPU; a component with a [components.wheel] pin."""
+    """Every release wheel the component pins, overlaid and verified, in one job on the (x86_64) CPU runner:
+    `--arch all` builds the aarch64 overlay there too (an overlay is arch-independent; the aarch64 wheel is
+    checked by RECORD, files and metadata, its import labelled not run). Plus, per kvforge.platforms.DEVICES,
+    the package's own build for a device (vLLM for `empty`) when a component of the target runs on one of
+    the device's platforms (npu: an Ascend deployment installs vLLM without a device under vllm-ascend)."""
     t, c = u.target, u.comp
-    if c.wheel is None:
-        return []
-    return [u.job(kind, plat, name=f"build {t.name}/{c.name}", command=f"kvforge build {u.tflag} --out {u.dist}",
-                  setup=[INSTALL_KVFORGE], artifact=f"wheel-{u.tid}", artifact_path=f"{u.dist}/*.whl",
-                  junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cpu.xml"], selection=u.checks)]
+    jobs = []
+    if c.wheels:
+        vllm_like = platforms_mod.package_build(c.release.package).probe == "vllm"
+        jobs.append(u.job(kind, plat, name=f"build {t.name}/{c.name}",
+                          command=f"kvforge build {u.tflag} --arch all --out {u.dist}",
+                          setup=[INSTALL_KVFORGE], artifact=f"wheel-{u.tid}", artifact_path=f"{u.dist}/*.whl",
+                          junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cpu.xml"] if vllm_like else [],
+                          selection=u.checks if vllm_like else []))
+    platforms_used = {p for comp in t.components for p in comp.platforms}
+    for dev in platforms_mod.DEVICES.values():
+        if canonicalize_name(c.release.package) in dev.packages and platforms_used & set(dev.for_platforms):
+            dist = f"{u.dist}-{dev.name}"
+            jobs.append(u.job(kind, plat, id=f"{kind.name}-{u.tid}-{dev.name}", name=f"build {t.name}/{c.name} "
+                              f"(device {dev.name})", command=f"kvforge build {u.tflag} --device {dev.name} --out {dist}",
+                              setup=[INSTALL_KVFORGE], artifact=f"wheel-{u.tid}-{dev.name}",
+                              artifact_path=f"{dist}/*.whl",
+                              junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-cpu-{dev.name}.xml"],
+                              selection=u.checks))
+    return jobs
 
 
 def _verify_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
@@ -205,8 +225,9 @@ def _wheel_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
             name=f"{kind.name} {t.name}/{c.name}: wheel tests" + (f" ({shard})" if shards > 1 else ""),
             command=(f"kvforge build {u.tflag} --wheel {u.dist} --platform {plat.name} --python {venv}/bin/python "
                      f"--tests all" + (f" --shard {shard}" if shards > 1 else "")),
+            # the build job's artifact holds every architecture's wheel: the runner's own
             setup=[INSTALL_KVFORGE, f"python3 -m venv {venv}",
-                   f"{venv}/bin/python -m pip install {u.dist}/*.whl pytest tblib"],
+                   f"{venv}/bin/python -m pip install {u.dist}/*_$(uname -m).whl pytest tblib"],
             needs=[f"{BUILD.name}-{u.tid}"] if BUILD.name in u.kinds else [],
             artifact=f"wheel-{u.tid}", artifact_path=u.dist,
             junit=[f"{CACHE_DIR}/builds/{t.name}/{c.name}/*/verify-{plat.name}.xml"], selection=u.selection(plat.name)))
@@ -257,9 +278,10 @@ def build_matrix(targets: list[Target], root: Path, changed_since: str | None = 
     listing = []
     for t in targets:
         for c in t.components:
-            listing.append({"target": t.name, "component": c.name, "selected": t.name in selected,
-                            "reason": selected.get(t.name, "unchanged")})
-            if t.name not in selected:
+            eol = t.lifecycle == "eol"  # kept for reference: no job in any format
+            listing.append({"target": t.name, "component": c.name, "selected": t.name in selected and not eol,
+                            "reason": "lifecycle eol" if eol else selected.get(t.name, "unchanged")})
+            if t.name not in selected or eol:
                 continue
             series = read_series(c.series_dir)
             checks = sorted({n for p in series.patches for n in p.checks})

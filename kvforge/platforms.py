@@ -316,3 +316,79 @@ def _probe_npu(python: Path | None) -> tuple[bool, str]:
         why = info.get("error") or "torch.npu.is_available() is False"
         return False, f"torch {info['torch']} with torch_npu in {python} sees no NPU: {why}"
     return True, f"torch {info['torch']} in {python} sees {info['devices']} NPU(s)"
+
+
+# ---------------------------------------------------------------- what `kvforge build` makes, as data
+
+@dataclass(frozen=True)
+class PackageBuild:
+    """How `kvforge build` overlays the release wheel of one package (keyed by its PyPI name).
+
+    An overlay replaces the package's Python files with the patched tree's and copies everything else
+    as stored; what an overlay cannot carry honestly is refused (compiled inputs: the .so files would
+    not match them; packaging inputs: the wheel's metadata or file list would not)."""
+
+    package: str  # the PyPI project name, canonical (vllm, vllm-ascend)
+    import_packages: tuple[str, ...]  # top-level import packages: a new .py file under one is added
+    compile_prefixes: tuple[str, ...]
+    compile_files: tuple[str, ...]
+    packaging_prefixes: tuple[str, ...]
+    packaging_files: tuple[str, ...]
+    # How an installed wheel is exercised on a machine that can import it: "vllm" (import vllm, the
+    # probe, then the series' Checks with vllm from the wheel); "plugin" (next to the required
+    # component's patched tree, import each patched module; the Checks need the device and are not run).
+    probe: str
+    modules_need: tuple[str, ...] = ()  # modules only the device's stack provides: an import needing one is "not run"
+
+
+PACKAGE_BUILDS: dict[str, PackageBuild] = {p.package: p for p in (
+    PackageBuild(
+        package="vllm", import_packages=("vllm",),
+        compile_prefixes=("csrc/", "cmake/"), compile_files=("CMakeLists.txt",),
+        packaging_prefixes=("requirements/build/",),
+        packaging_files=("setup.py", "MANIFEST.in", "use_existing_torch.py", "requirements/build.txt",
+                         "requirements/common.txt", "requirements/cuda.txt", "vllm/_version.py"),
+        probe="vllm"),
+    # vllm-ascend (setup.py builds csrc/ with CANN's toolchain via CMake and writes _build_info.py and
+    # _version.py; requirements.txt becomes Requires-Dist).
+    PackageBuild(
+        package="vllm-ascend", import_packages=("vllm_ascend",),
+        compile_prefixes=("csrc/", "cmake/"), compile_files=("CMakeLists.txt",),
+        packaging_prefixes=(),
+        packaging_files=("setup.py", "MANIFEST.in", "requirements.txt", "packages.txt", "vllm_ascend/_version.py",
+                         "vllm_ascend/_build_info.py"),
+        probe="plugin", modules_need=("torch_npu", "torchair", "acl", "tbe", "triton")),
+)}
+
+
+@dataclass(frozen=True)
+class Device:
+    """A `kvforge build --device` build: the package's own source build of the patched tree for a device
+    vLLM builds no release wheel for. `empty`: VLLM_TARGET_DEVICE=empty, vLLM with no compiled part (the
+    vLLM an out-of-tree platform such as vllm-ascend installs under itself), pure Python, any machine."""
+
+    name: str
+    packages: tuple[str, ...]  # which packages build it (PyPI names)
+    environ_items: tuple[tuple[str, str], ...]  # set for the build
+    # [build-system] requirements of the tree not installed for the build: the CPU env's torch stands in
+    # for the pinned CUDA torch (setup.py only imports it when nothing is compiled); cmake and ninja are
+    # not run without extensions.
+    skip_build_requires: tuple[str, ...]
+    import_check: tuple[str, ...]  # modules imported from the installed wheel with the CPU env's torch
+    for_platforms: tuple[str, ...]  # kvforge matrix builds it for a target with a component on one of these
+
+
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device(name="empty", packages=("vllm",), environ_items=(("VLLM_TARGET_DEVICE", "empty"),),
+           skip_build_requires=("torch", "cmake", "ninja"), import_check=("vllm.v1.core",), for_platforms=("npu",)),
+)}
+
+
+def package_build(package: str) -> PackageBuild:
+    """The overlay rules of a release package (PyPI name, any spelling); exit 2 for one kvforge has none."""
+    key = package.lower().replace("_", "-").replace(".", "-")
+    try:
+        return PACKAGE_BUILDS[key]
+    except KeyError:
+        raise KvforgeError(f"kvforge build has no overlay rules for the package {package!r} (known: "
+                           f"{', '.join(PACKAGE_BUILDS)}; kvforge/platforms.py PACKAGE_BUILDS)", EXIT_USAGE) from None

@@ -390,9 +390,14 @@ def test_compiled_inputs_are_refused_and_mode_source_prints_vllms_build(project,
     assert "VLLM_USE_PRECOMPILED=1" in cmd and f"VLLM_PRECOMPILED_WHEEL_LOCATION={cache.root}/downloads/{WHEEL_NAME}" in cmd
 
 
-def test_target_without_a_wheel_pin_and_bad_pins(project, tmp_path):
+def test_target_without_a_wheel_pin_and_bad_pins(project, tmp_path, monkeypatch):
+    # no pin: the index's choice (choose_wheels, as for a target an older `rebase --as` wrote); none there: exit 2
+    asked = []
+    monkeypatch.setattr(kbuild, "choose_wheels",
+                        lambda package, version, upload=None: asked.append((package, version)) or {})
     res = CliRunner().invoke(main, ["build", "--target", "t", "--json"])
-    assert res.exit_code == 2 and "[components.wheel]" in json.loads(res.stdout)["error"]
+    assert res.exit_code == 2 and "release wheel and the index has none" in json.loads(res.stdout)["error"]
+    assert asked == [("vllm", "0.20.2")]
     bad = TARGET.format(filename="vllm-0.20.1-cp38-abi3-linux_x86_64.whl", sha="0" * 64)
     (project / "targets" / "t.toml").write_text(bad)
     res = CliRunner().invoke(main, ["build", "--target", "t"])

@@ -110,13 +110,20 @@ def yaml():
 def test_jobs_are_targets_x_kinds_and_each_command_is_kvforge(proj):
     doc = matrix_json()
     jobs = {j["id"]: j for j in doc["jobs"]}
-    assert sorted(jobs) == ["build-a-vllm", "cpu-a-vllm", "cpu-b-vllm", "cuda-a-vllm", "npu-a-vllm"]
+    assert sorted(jobs) == ["build-a-vllm", "build-a-vllm-empty", "cpu-a-vllm", "cpu-b-vllm", "cuda-a-vllm",
+                            "npu-a-vllm"]
     assert all(j["command"].startswith("kvforge ") for j in jobs.values())
-    assert jobs["build-a-vllm"]["command"] == "kvforge build --target a --out dist/a"
+    # every pinned wheel (the aarch64 overlay too, on the x86_64 runner); vLLM without a device for the npu
+    # deployment, in its own job, artifact and directory (the cuda job's download holds no other wheel)
+    assert jobs["build-a-vllm"]["command"] == "kvforge build --target a --arch all --out dist/a"
+    empty = jobs["build-a-vllm-empty"]
+    assert empty["command"] == "kvforge build --target a --device empty --out dist/a-empty"
+    assert empty["artifact"] == "wheel-a-vllm-empty" and empty["artifact_path"] == "dist/a-empty/*.whl"
+    assert empty["junit"] == [".kvforge-cache/builds/a/vllm/*/verify-cpu-empty.xml"]
     assert jobs["cpu-b-vllm"]["command"] == "kvforge verify --target b"
     cuda, npu = jobs["cuda-a-vllm"], jobs["npu-a-vllm"]
     assert cuda["needs"] == ["build-a-vllm"] and "--wheel dist/a --platform cuda" in cuda["command"]
-    assert "pip install dist/a/*.whl" in "\n".join(cuda["setup"]) and cuda["artifact"] == "wheel-a-vllm"
+    assert "pip install dist/a/*_$(uname -m).whl" in "\n".join(cuda["setup"]) and cuda["artifact"] == "wheel-a-vllm"
     assert "VLLM_TARGET_DEVICE=empty" in "\n".join(npu["setup"]) and "vllm-ascend" in "\n".join(npu["setup"])
     assert npu["command"].startswith("kvforge test --target a --platform npu") and npu["container"]
     # Generated, never run: nothing reports the hardware jobs as passed.
@@ -223,8 +230,9 @@ def test_buildkite_pipeline_passes_buildkites_schema(proj, tmp_path):
     out.write_text(matrix("--format", "buildkite", "--cuda-shards", "2").stdout)
     doc = yaml().load(out.read_text())
     keys = [s["key"] for s in doc["steps"]]
-    assert keys == ["build-a-vllm", "cpu-a-vllm", "cuda-a-vllm-1of2", "cuda-a-vllm-2of2", "npu-a-vllm", "cpu-b-vllm"]
-    cuda = doc["steps"][2]
+    assert keys == ["build-a-vllm", "build-a-vllm-empty", "cpu-a-vllm", "cuda-a-vllm-1of2", "cuda-a-vllm-2of2",
+                    "npu-a-vllm", "cpu-b-vllm"]
+    cuda = doc["steps"][3]
     assert cuda["depends_on"] == ["build-a-vllm"] and cuda["agents"] == {"queue": "gpu_1_queue"}
     assert cuda["commands"][0].startswith("buildkite-agent artifact download")
     assert list(doc["steps"][0]["if_changed"]) == ["targets/a.toml", "patches/a/**", "kvforge/**", "pyproject.toml"]
@@ -335,7 +343,8 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     (proj / "patches" / "c-vllm-ascend").mkdir()
     (proj / "patches" / "c-vllm-ascend" / "series").write_text("")
     jobs = {j["id"]: j for j in matrix_json("--target", "c")["jobs"]}
-    assert sorted(jobs) == ["cpu-c-vllm", "cpu-c-vllm-ascend", "npu-c-vllm-ascend"]
+    # vLLM without a device (what the Ascend deployment installs under vllm-ascend) is built for it
+    assert sorted(jobs) == ["build-c-vllm-empty", "cpu-c-vllm", "cpu-c-vllm-ascend", "npu-c-vllm-ascend"]
     assert jobs["cpu-c-vllm-ascend"]["command"] == "kvforge verify --target c --component vllm-ascend"
     npu = jobs["npu-c-vllm-ascend"]
     from kvforge.platforms import PLATFORMS
@@ -382,3 +391,33 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     assert res.returncode == 0, res.stdout + res.stderr
     step = next(s for s in yaml().load(pipe.read_text())["steps"] if s["key"] == "npu-c-vllm-ascend")
     assert step["plugins"][0]["docker#v5.12.0"]["image"] == npu["container"]
+
+
+def test_eol_targets_have_no_job_in_any_format(proj):
+    """`lifecycle = "eol"`: the target is listed (why) but no format carries a job of it."""
+    text = (proj / "targets" / "a.toml").read_text()
+    (proj / "targets" / "a.toml").write_text('lifecycle = "eol"\n' + text)
+    doc = matrix_json()
+    assert {j["target"] for j in doc["jobs"]} == {"b"}
+    assert [(t["target"], t["selected"], t["reason"]) for t in doc["targets"]] == [
+        ("a", False, "lifecycle eol"), ("b", True, "all targets")]
+    for fmt in ("github", "buildkite", "commands", "table"):
+        out = matrix("--format", fmt).stdout
+        assert "--target a" not in out and "-a-vllm" not in out, fmt
+        assert "--target b" in out, fmt
+
+
+def test_a_build_job_per_component_builds_every_pinned_wheel(proj):
+    """Two pins (x86_64, aarch64): one build job, `--arch all`; a target without an npu component gets no
+    empty-device job."""
+    path = proj / "targets" / "a.toml"
+    path.write_text(path.read_text().replace('platforms = ["cpu", "cuda", "npu"]', 'platforms = ["cpu", "cuda"]')
+                    .replace('npu = ["tests/v1/core/test_kv_cache_utils.py"]', "")
+                    .replace("[components.wheel]\n", "[[components.wheels]]\n")
+                    .replace("[components.tests]", "[[components.wheels]]\n"
+                             'filename = "vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl"\n'
+                             'sha256 = "76ccf4c0554556c06f6b0fb1643742d4cf97dcc69f6ef3f04556d0764126035a"\n\n'
+                             "[components.tests]"))
+    jobs = {j["id"]: j for j in matrix_json("--kind", "build")["jobs"]}
+    assert list(jobs) == ["build-a-vllm"]
+    assert jobs["build-a-vllm"]["command"] == "kvforge build --target a --arch all --out dist/a"
