@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from kvforge import gitutil
 from kvforge.cache import default_cache_dir
 from kvforge.engine import AM_OPTS
 
@@ -106,7 +107,8 @@ def test_0210_every_target_carried_or_dropped(proj, real_cache):
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+    """git as kvforge runs it (its committer, no user config that changes commits)."""
+    return gitutil.run(cwd, *args).stdout
 
 
 def resolve_with_port(worktree: Path, name: str) -> list[str]:
