@@ -82,7 +82,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from . import gitutil
-from .bases import STALE_DOWNLOAD, Progress, download_pinned, release_files
+from .bases import STALE_DOWNLOAD, Base, Progress, download_pinned, parse_commit_id, release_files
 from .cache import Cache
 from .env import Env, target_env
 from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
@@ -207,11 +207,13 @@ def download_wheel(component: Component, cache: Cache, say: Progress, pin: Wheel
 
 def choose_wheels(package: str, version: str, upload: int | None = None) -> dict[str, WheelPin]:
     """{architecture: pin} for a release, chosen from the package index's file list (PyPI's JSON API or
-    $KVFORGE_PYPI_URL): per architecture, the manylinux wheel of exactly `version` with the highest build
-    number (0.21.0's re-released `-1-` wheels over the first upload; with `upload`, only that build number: the
-    same upload as the wheels a target already pins), whatever its manylinux tag
-    (2_35 for 0.20.2, 2_24 for 0.21.0, 2_28 for 0.22.0), pinned by the sha256 the index lists. The one
-    choice `kvforge rebase --as` and new targets reuse to write [components.wheel]."""
+    $KVFORGE_PYPI_URL): per architecture, the manylinux wheel of exactly `version` from the first upload (no
+    build number, or the lowest; with `upload`, only that build number: the same upload as the wheels a
+    target already pins), whatever its manylinux tag (2_35 for 0.20.2, 2_24 for 0.21.0, 2_28 for 0.22.0),
+    pinned by the sha256 the index lists. Not the highest build number: PyPI's rebuilds of vLLM come from
+    other commits than the release's sdist (0.20.1-1 and 0.21.0-1: `vllm/_version.py` says ad7125a43 where
+    0.21.0's sdist and first wheels say 9da56fd18), and an overlay must sit on the sdist's commit
+    (`check_same_commit` refuses any other). The one choice rebase, target add and watch make."""
     _index, files = release_files(package, version)
     best: dict[str, tuple[tuple, WheelPin]] = {}
     for f in files:
@@ -229,9 +231,28 @@ def choose_wheels(package: str, version: str, upload: int | None = None) -> dict
         for arch in ARCHES:
             if any(t.platform.startswith("manylinux") and t.platform.endswith("_" + arch) for t in tags):
                 key = (build[0] if build else 0, name)
-                if arch not in best or key > best[arch][0]:
+                if arch not in best or key < best[arch][0]:
                     best[arch] = (key, WheelPin(filename=name, sha256=sha.lower()))
     return {arch: pin for arch, (_k, pin) in sorted(best.items())}
+
+
+def wheel_commit(path: Path, members: list, package: str) -> str | None:
+    """The upstream commit a release wheel was built from: its `<package>/_version.py` `__commit_id__`
+    (vLLM's; None for a wheel that records none)."""
+    name = f"{canonicalize_name(package).replace('-', '_')}/_version.py"
+    member = next((m for m in members if m.name == name), None)
+    return parse_commit_id(read_member(path, member).decode("utf-8", "replace")) if member else None
+
+
+def check_same_commit(path: Path, members: list, package: str, base: Base, pin: WheelPin) -> None:
+    """Refuse (exit 2) a release wheel built from another upstream commit than the base the series is
+    applied to: its unpatched files would be another commit's, so the overlay would mix two trees."""
+    built, want = wheel_commit(path, members, package), base.upstream_commit
+    if built and want and not (want.startswith(built) or built.startswith(want)):
+        raise KvforgeError(f"{pin.filename} was built from upstream commit {built}, the base {base.ref} from "
+                           f"{want[:12]}: an overlay would mix two commits; pin the release wheel built from "
+                           f"{want[:9]} (PyPI's first upload of the release; a later build number is a rebuild)",
+                           EXIT_USAGE)
 
 
 class Hasher(threading.Thread):
@@ -573,6 +594,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         hasher.start()
     try:
         members = read_members(upstream)
+        check_same_commit(upstream, members, comp.release.package, stack.base, pin)
         pyproject = read_blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
             if any(c.path == "pyproject.toml" for c in changes) else {}
         classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"), rules)
