@@ -385,6 +385,7 @@ class Row:
     prerequisites: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     proof: str = "-"
+    evidence: dict[str, Any] | None = None  # --verify: the picked patch's Checks before/after and the regression
     seconds: float = 0.0  # what the upstream signals cost on this target
     data: str | None = None  # base64 of the patch file to write
 
@@ -612,6 +613,14 @@ class PickResult:
                 out.append(f"  tree: {r.tree}" + (f" (conflicts: {', '.join(r.conflicts)})" if r.conflicts else ""))
             for c in r.prerequisites[:10]:
                 out.append(f"  needs: {c}")
+            if r.evidence:
+                e, reg = r.evidence, r.evidence["regression"]
+                for c in e["checks"]:
+                    out.append(f"  check {c['node'].split('::')[-1]}: before {c['before']}"
+                               + (f" ({c['before_kind']}: {c['before_message']})" if c["before_kind"] else "")
+                               + f", after {c['after']}")
+                out.append(f"  regression: {reg['passed']} passed, {reg['failed']} failed, {reg['new_failures']} new "
+                           f"failures, {reg['pre_existing_failures']} pre-existing ({e['seconds']}s)")
         out += ["", f"status: {self.status}"] + [f"wrote: {w}" for w in self.written]
         out += [f"  next: {s}" for s in self.next_steps]
         return "\n".join(out)
@@ -858,8 +867,17 @@ def _prove(cache: Cache, rows: list[Row], progress: Progress) -> None:
         t = load_target(r.target)
         ctx = Context(cache, t, t.component(r.component), progress=progress, from_rev=f"{r.repo}:{r.commit}")
         progress(f"verifying the pick on {r.label}")
-        report = verify_target(ctx)
+        report = verify_target(ctx, prove=[-1])  # the picked patch; the series' own verify proved the rest
         mine = report.patches[-1] if report.patches else None
+        reg = report.regression
+        r.evidence = {
+            "status": mine.status if mine else None, "reason": mine.reason if mine else "",
+            "checks": [{"node": c.node, "before": c.before, "before_how": c.before_how, "before_kind": c.before_kind,
+                        "before_message": c.before_message, "after": c.after} for c in (mine.checks if mine else [])],
+            "regression": {k: reg.get(k) for k in ("passed", "failed", "errors", "skipped", "ok", "reason")}
+            | {"new_failures": (reg.get("compare") or {}).get("new_failures", 0),
+               "pre_existing_failures": (reg.get("compare") or {}).get("pre_existing_failures", 0)},
+            "report": report.report, "seconds": round(report.seconds, 1)}
         if report.ok:
             r.proof = "proven"
         else:

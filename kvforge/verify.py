@@ -261,7 +261,7 @@ def fail_kind(before: str | None, message: str) -> str | None:
 def verify_target(ctx, prove: Sequence[int] | None = None) -> VerifyReport:
     """Prove ctx's series (the series files, or the commits of --from) patch by patch on CPU.
 
-    `prove`: only these patches (1-based) are proven fail-before/pass-after; the other fixes are held to
+    `prove`: only these patches (1-based; -1 the last) are proven fail-before/pass-after; the others are held to
     pass-to-pass (their Checks pass on the patched tree), as `kvforge pick --verify` asks of a series
     `kvforge verify` proved before.
     """
@@ -270,6 +270,8 @@ def verify_target(ctx, prove: Sequence[int] | None = None) -> VerifyReport:
     target, comp = ctx.target, ctx.component
     stack = open_stack(ctx)
     patches = stack.series.patches
+    if prove is not None:  # -1: the last patch
+        prove = [n if n > 0 else len(patches) + 1 + n for n in prove]
     all_checks = unique(c for p in patches for c in p.checks)
     final_nodes = selection(comp, PLATFORM, all_checks, target.path)
     env = target_env(ctx, base=stack.base)
