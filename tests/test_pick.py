@@ -500,3 +500,32 @@ def test_pick_verify_refuses_a_change_whose_test_fails_before_only_for_a_missing
         assert "unexpected keyword argument 'full_sequence_must_fit'" in c["before_message"]
     assert doc["status"] == "verify failed" and "not proven on v0.20.2rc/vllm" in doc["error"]
     assert _changed(root) == []  # nothing written
+
+
+@pytest.mark.slow
+def test_pick_after_places_the_patch_after_a_fix_and_reapplies_the_rest(picking, upstream, tmp_path):
+    """--after FIX: #41282 goes right after v0.20.1's first fix; the four later patches are re-applied over
+    it and re-exported, the series lists the pick in its place, and the written series applies for real."""
+    root, src = picking, upstream["repo"]
+    res = kvforge("pick", "--repo", str(src), "v0.20.2", "--fix-id", "swa-admission-cap", "--target", "v0.20.1",
+                  "--after", "no-such-fix", "--json")
+    assert res.exit_code == 2 and "--after no-such-fix: v0.20.1/vllm carries no patch with Fix-Id no-such-fix" \
+        in json.loads(res.stdout)["error"] and _changed(root) == []
+    old = read_series(root / "patches" / "v0.20.1")
+    res = kvforge("pick", "--repo", str(src), "v0.20.2", "--fix-id", "swa-admission-cap", "--target", "v0.20.1",
+                  "--after", "two-phase-kv-alloc", "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = _rows(res).values()
+    assert row["verdict"] == "applies" and row["position"] == 2 and "after 0001-two-phase-kv-alloc.patch" in row["detail"]
+    new = read_series(root / "patches" / "v0.20.1")
+    assert not new.all_problems() and kvforge("lint").exit_code == 0
+    assert [p.name for p in new.patches] == [old.patches[0].name, "0006-swa-admission-cap.patch",
+                                             *[p.name for p in old.patches[1:]]]
+    assert [p.fix_id for p in new.patches[2:]] == [p.fix_id for p in old.patches[1:]]  # headers kept
+    changed = sorted(line[3:] for line in _changed(root))
+    assert "patches/v0.20.1/0006-swa-admission-cap.patch" in changed and "patches/v0.20.1/series" in changed
+    tree = tmp_path / "tree"
+    res = kvforge("apply", "-t", "v0.20.1", "--into", str(tree))
+    assert res.exit_code == 0, res.output
+    log = _git(tree, "log", "--format=%s", "kvforge/base/v0.20.1..kvforge/v0.20.1").splitlines()[::-1]
+    assert len(log) == 6 and "(#41282)" in log[1]

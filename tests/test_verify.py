@@ -394,3 +394,32 @@ def test_test_side_files():
     assert test_side("tests/v1/core/utils.py") and test_side("tests/conftest.py")
     assert test_side("vllm_ascend/tests/test_x.py") and test_side("pkg/conftest.py")
     assert not test_side("vllm/v1/core/block_pool.py") and not test_side("vllm/testing.py")
+
+
+def test_prove_only_some_patches_holds_the_others_to_pass_to_pass_and_records_nothing(fake):
+    """verify_target(prove=[1]) (what `kvforge pick --verify --after` asks for a patch in the middle): patch 1
+    is proven at its place; patch 2 is not re-proven (pass-to-pass: its Checks pass on the patched tree);
+    no verify record is saved, so the series' own evidence is never shadowed by a partial run."""
+    from kvforge.cache import Cache
+    from kvforge.context import Context
+    from kvforge.evidence import latest
+    from kvforge.trees import open_stack
+    from kvforge.verify import verify_target
+
+    c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.patch("0002-double-negative", {CORE: ("    return 2 * x", "    return 2 * max(x, 0)"),
+                                        "tests/test_kvforge_negative.py": ("", "from vllm_like.core import double\n\n\n"
+                                                                               "def test_neg():\n"
+                                                                               "    assert double(-1) == 0\n")},
+               checks=("tests/test_kvforge_negative.py::test_neg",), start=c1)
+    fake.series("0001-clamp-upper", "0002-double-negative")
+    ctx = Context.load(Cache(fake.cache), "fake")
+    report = verify_target(ctx, prove=[1])
+    assert report.ok and [p.status for p in report.patches] == ["proven", "pass-to-pass"]
+    assert "not re-proven" in report.patches[1].reason and report.patches[1].checks == []
+    assert [(r["state"], r["tests_of"]) for r in report.runs] == [(0, 1), (1, None), (2, None)]
+    assert "no verify record" in report.report
+    assert latest(Cache(fake.cache), open_stack(ctx).key, "verify") is None
+    last = verify_target(ctx, prove=[-1])  # -1: the last patch
+    assert [p.status for p in last.patches] == ["pass-to-pass", "proven"]
+    assert [(r["state"], r["tests_of"]) for r in last.runs] == [(1, 2), (2, None)]
