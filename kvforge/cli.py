@@ -872,6 +872,9 @@ Exit codes:
 @click.option("--into", "tree_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Where conflict trees are made [default: the current directory].")
 @click.option("--exclude", multiple=True, metavar="TARGET", help="Leave this target out (with --continue too).")
+@click.option("--after", metavar="FIX", help="Place the patch right after the patch with this Fix-Id in each series "
+                                             "(the later ones re-applied over it, or the pick is refused, exit 3) "
+                                             "[default: appended].")
 @click.option("--dry-run", is_flag=True, help="Print the verdicts; write nothing, leave no tree.")
 @click.option("--verify", is_flag=True, help="Prove the picked patch on each target where it applies (kvforge "
                                               "verify); nothing is written unless every one is proven.")
@@ -885,8 +888,8 @@ Exit codes:
 @handle_errors
 def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: tuple[str, ...],
              component: str | None, fix_id: str | None, signoff: str | None, tree_dir: Path | None,
-             exclude: tuple[str, ...], dry_run: bool, verify: bool, do_continue: bool, do_abort: bool,
-             source_policy: str, as_json: bool) -> None:
+             exclude: tuple[str, ...], after: str | None, dry_run: bool, verify: bool, do_continue: bool,
+             do_abort: bool, source_policy: str, as_json: bool) -> None:
     """Pick one upstream change into every target's series, with a verdict per target.
 
     \b
@@ -907,10 +910,13 @@ def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: t
         raise KvforgeError("--continue and --abort exclude each other", EXIT_USAGE)
     if (do_continue or do_abort) and source:
         raise KvforgeError("--continue / --abort take no SOURCE", EXIT_USAGE)
+    if after and (do_continue or do_abort):
+        raise KvforgeError("--after goes with a new pick, not with --continue / --abort", EXIT_USAGE)
     action = "continue" if do_continue else "abort" if do_abort else "start"
     finish(pick.pick(cache, source, repo_dir=repo_dir, targets=list(targets) or None, component=component,
                      fix_id=fix_id, dry_run=dry_run, verify=verify, exclude=list(exclude), action=action,
-                     signoff=signoff, tree_dir=tree_dir, base_source=source_policy, progress=progress), as_json)
+                     signoff=signoff, tree_dir=tree_dir, base_source=source_policy, after=after,
+                     progress=progress), as_json)
 
 
 # ---------------------------------------------------------------- pr, notes (kvforge/pr.py)

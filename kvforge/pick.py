@@ -12,7 +12,10 @@ on the target's stack tip (kvforge.trees) in a worktree of kvforge's own: `appli
 preimage comes from upstream changes the target lacks; with the source's history, the commits named)
 or `conflict` (it applies to the base but not over the carried series). A failing target gets a tree
 of the user's at the conflict (kvforge.port's way: `apply_target` + preimages + `git am -3`); the
-others are still decided. `disagree` (strong signals on both sides) stops like a conflict.
+others are still decided. `disagree` (strong signals on both sides) stops like a conflict. `--after FIX`:
+the change is applied on the series up to FIX and the later patches are re-applied over it (re-exported
+under their names), or the pick is refused (exit 3, nothing written); `--verify` proves the picked patch
+(kvforge.verify with `prove`), wherever it sits.
 
 Writing (`commit_all`): nothing in patches/ or targets/ changes until every row is decided (and, with
 --verify, proven). Then, under the lock of the series directories' parent, every changed series
@@ -385,6 +388,9 @@ class Row:
     prerequisites: list[str] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     proof: str = "-"
+    evidence: dict[str, Any] | None = None  # --verify: the picked patch's Checks before/after and the regression
+    position: int | None = None  # --after: the picked patch's place in the new series (1-based); None: appended
+    rewrites: dict[str, str] = field(default_factory=dict)  # --after: later patches re-exported (name -> base64)
     seconds: float = 0.0  # what the upstream signals cost on this target
     data: str | None = None  # base64 of the patch file to write
 
@@ -414,9 +420,19 @@ def _applies_to(repo: Path, commit: str, diff_file: Path) -> tuple[bool, list[st
     return res.returncode == 0, list(dict.fromkeys(files))
 
 
+def _after_position(series, after: str, label: str) -> int:
+    """--after FIX: how many patches of the series stay before the pick (FIX's 1-based position)."""
+    for n, p in enumerate(series.patches, 1):
+        if p.fix_id == after:
+            return n
+    raise KvforgeError(f"--after {after}: {label} carries no patch with Fix-Id {after} "
+                       f"(its Fix-Ids: {', '.join(p.fix_id or p.name for p in series.patches) or 'none'})", EXIT_USAGE)
+
+
 def decide_row(ctx: Context, change: Change, fix_id: str, signoff: str, work: Path, dry_run: bool,
-               tree_dir: Path) -> Row:
-    """The verdict for ctx's target and component (see the module docstring)."""
+               tree_dir: Path, after: str | None = None) -> Row:
+    """The verdict for ctx's target and component (see the module docstring). `after`: the pick goes right
+    after that Fix-Id's patch; the later patches are re-applied over it (cleanly, or the pick is refused)."""
     t, comp = ctx.target, ctx.component
     row = Row(t.name, comp.name, "")
     in_base = {e.fix_id: e.reason for e in comp.in_base}
@@ -448,9 +464,11 @@ def decide_row(ctx: Context, change: Change, fix_id: str, signoff: str, work: Pa
         row.verdict, row.detail = "present", reason
         return row
     stack = open_stack(ctx)
-    tip = stack.commits[-1]
+    k = _after_position(series, after, row.label) if after else len(series.patches)
+    tip = stack.commits[k]
     wt = work / f"wt-{t.name}-{comp.name}"
     add_worktree(base.repo, wt, tip)
+    later: list[tuple[str, str]] = []  # --after: (patch name, its commit re-applied over the pick)
     try:
         if change.git_dir:
             copy_preimages(patch, Path(change.git_dir), wt)
@@ -459,6 +477,23 @@ def decide_row(ctx: Context, change: Change, fix_id: str, signoff: str, work: Pa
             row.detail = diagnose(wt, patch, out)
             if am_in_progress(wt):
                 gitutil.run(wt, "am", "--abort", check=False)
+            if after and k < len(series.patches) and decision != "disagree":
+                raise KvforgeError(f"--after {after}: on {row.label} the change does not apply after "
+                                   f"{series.patches[k - 1].name} ({row.detail}): pick it without --after (appended) "
+                                   "or place it by hand; nothing written", EXIT_APPLY)
+        elif commit is not None and k < len(series.patches):
+            head = commit
+            for p in series.patches[k:]:
+                how_p, c_p, out_p = am_one(wt, p.path, head)
+                if c_p is None:
+                    why = diagnose(wt, p, out_p) if how_p == "conflict" else "it changes nothing any more"
+                    if am_in_progress(wt):
+                        gitutil.run(wt, "am", "--abort", check=False)
+                    raise KvforgeError(f"--after {after}: on {row.label} {p.name} does not apply over the picked "
+                                       f"change ({why}): pick it without --after (appended) or reorder by hand; "
+                                       "nothing written", EXIT_APPLY)
+                later.append((p.name, c_p))
+                head = c_p
     finally:
         remove_worktree(base.repo, wt)
     if decision == "disagree":
@@ -470,12 +505,19 @@ def decide_row(ctx: Context, change: Change, fix_id: str, signoff: str, work: Pa
     if how != "conflict":
         assert commit is not None
         ref = f"refs/kvforge/pick/{t.name}/{comp.name}"
-        gitutil.run(base.repo, "update-ref", ref, commit)
+        tip_after = later[-1][1] if later else commit
+        gitutil.run(base.repo, "update-ref", ref, tip_after)
         present = [c for c in checks if _has_test(base.repo, commit, c)]
-        row.verdict, row.commit, row.repo, row.checks = how.replace("applied", "applies"), commit, str(base.repo), present
+        row.verdict, row.commit, row.repo, row.checks = (how.replace("applied", "applies"), tip_after, str(base.repo),
+                                                         present)
         row.detail = f"on {base.ref} + {len(series.patches)} patches"
         row.data = base64.b64encode(format_patch(base.repo, commit)).decode()
         row.patch = _next_name(series.patches, fix_id)
+        if after:
+            row.position = k + 1
+            row.rewrites = {name: base64.b64encode(format_patch(base.repo, c)).decode() for name, c in later}
+            row.detail = (f"on {base.ref} + {k} patches, after {series.patches[k - 1].name}"
+                          + (f"; {', '.join(n for n, _ in later)} re-applied over it" if later else ""))
         return row
     on_base, failing = _applies_to(base.repo, base.commit, patch_file)
     if not on_base:
@@ -612,6 +654,14 @@ class PickResult:
                 out.append(f"  tree: {r.tree}" + (f" (conflicts: {', '.join(r.conflicts)})" if r.conflicts else ""))
             for c in r.prerequisites[:10]:
                 out.append(f"  needs: {c}")
+            if r.evidence:
+                e, reg = r.evidence, r.evidence["regression"]
+                for c in e["checks"]:
+                    out.append(f"  check {c['node'].split('::')[-1]}: before {c['before']}"
+                               + (f" ({c['before_kind']}: {c['before_message']})" if c["before_kind"] else "")
+                               + f", after {c['after']}")
+                out.append(f"  regression: {reg['passed']} passed, {reg['failed']} failed, {reg['new_failures']} new "
+                           f"failures, {reg['pre_existing_failures']} pre-existing ({e['seconds']}s)")
         out += ["", f"status: {self.status}"] + [f"wrote: {w}" for w in self.written]
         out += [f"  next: {s}" for s in self.next_steps]
         return "\n".join(out)
@@ -708,8 +758,10 @@ def build_plan(rows: list[Row], fix_id: str, upstream_info: dict[str, Any]) -> P
             plan.keep.setdefault(str(d), [p.name for p in sorted(d.iterdir()) if p.is_dir()])
             assert r.patch is not None
             files[r.patch] = base64.b64decode(r.data)
+            files.update({name: base64.b64decode(b) for name, b in r.rewrites.items()})
             listing = seriesdir.read_listing(d)
-            names = (listing.names if listing else []) + [r.patch]
+            names = list(listing.names if listing else [])
+            names.insert(len(names) if r.position is None else r.position - 1, r.patch)
             files[seriesdir.SERIES_FILE] = seriesdir.listing_text(listing, names, {n: n for n in names}).encode()
         elif r.verdict == "present" and fix_id not in {e.fix_id for e in comp.in_base}:
             where = ", ".join(x for x in (upstream_info.get("pr"), upstream_info.get("commit")) if x) or "upstream"
@@ -858,8 +910,18 @@ def _prove(cache: Cache, rows: list[Row], progress: Progress) -> None:
         t = load_target(r.target)
         ctx = Context(cache, t, t.component(r.component), progress=progress, from_rev=f"{r.repo}:{r.commit}")
         progress(f"verifying the pick on {r.label}")
-        report = verify_target(ctx)
-        mine = report.patches[-1] if report.patches else None
+        n = r.position or -1  # the picked patch; the series' own verify proved the rest
+        report = verify_target(ctx, prove=[n])
+        mine = report.patches[n - 1 if n > 0 else -1] if report.patches else None
+        reg = report.regression
+        r.evidence = {
+            "status": mine.status if mine else None, "reason": mine.reason if mine else "",
+            "checks": [{"node": c.node, "before": c.before, "before_how": c.before_how, "before_kind": c.before_kind,
+                        "before_message": c.before_message, "after": c.after} for c in (mine.checks if mine else [])],
+            "regression": {k: reg.get(k) for k in ("passed", "failed", "errors", "skipped", "ok", "reason")}
+            | {"new_failures": (reg.get("compare") or {}).get("new_failures", 0),
+               "pre_existing_failures": (reg.get("compare") or {}).get("pre_existing_failures", 0)},
+            "report": report.report, "seconds": round(report.seconds, 1)}
         if report.ok:
             r.proof = "proven"
         else:
@@ -872,7 +934,8 @@ def _prove(cache: Cache, rows: list[Row], progress: Progress) -> None:
 def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targets: list[str] | None = None,
          component: str | None = None, fix_id: str | None = None, dry_run: bool = False, verify: bool = False,
          exclude: list[str] | None = None, action: str = "start", signoff: str | None = None,
-         tree_dir: Path | None = None, base_source: str = "auto", progress: Progress = lambda m: None) -> PickResult:
+         tree_dir: Path | None = None, base_source: str = "auto", after: str | None = None,
+         progress: Progress = lambda m: None) -> PickResult:
     """Decide, and write when every target is decided; --continue / --abort a stopped pick."""
     start = time.monotonic()
     root = project_root()
@@ -923,7 +986,7 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
                     continue
                 progress(f"deciding {ctx.label}")
                 result.rows.append(decide_row(ctx, change, fid, ident, work, dry_run,
-                                              Path(tree_dir or Path.cwd()).absolute()))
+                                              Path(tree_dir or Path.cwd()).absolute(), after))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         result.seconds["decide"] = round(time.monotonic() - t0, 3)

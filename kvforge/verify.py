@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from .errors import EXIT_TESTS
-from . import evidence
+from . import evidence, gitutil
 from .components import contexts, describe_layer, run_each
 from .env import target_env
 from .outcome import Done, Outcome
@@ -109,33 +109,102 @@ class VerifyReport:
         return out
 
 
-def plan(patches, final_nodes: list[str], stack=None) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
-    """Node ids to run at each tree state (0 = base, n = after patch n), and the files to overlay there.
+TEST_NAME = re.compile(r"(^|/)(test_[^/]*\.py|[^/]*_test\.py|conftest\.py)$")
 
-    A Checks file that patch n adds does not exist before it; rather than only calling it "failing",
-    it is put onto the tree before the patch (the old code with the new test), so the bug's trigger
-    is shown to fail there. Its outcome then stands for the patch: a test that passes on the old
-    code proves nothing.
+
+def test_side(path: str) -> bool:
+    """A file of the test suite: under a top-level tests/ directory, or a pytest module or conftest."""
+    return path.startswith("tests/") or bool(TEST_NAME.search(path))
+
+
+def test_changes(stack, n: int) -> tuple[list[str], list[str]]:
+    """The test-side files patch n adds or changes (as it leaves them) and those it deletes."""
+    out = gitutil.run(stack.worktree, "diff", "--name-status", "--no-renames", "-z", stack.commits[n - 1],
+                      stack.commits[n]).stdout.split("\0")
+    written: list[str] = []
+    removed: list[str] = []
+    for status, path in zip(out[::2], out[1::2]):
+        if test_side(path):
+            (removed if status == "D" else written).append(path)
+    return written, removed
+
+
+@dataclass
+class Run:
+    """One pytest run: the tree after patch n (0: the base), with patch `tests_of`'s test-side files laid
+    over it when set (the patch's tests on the code before it: its fail-before)."""
+    n: int
+    nodes: list[str]
+    tests_of: int | None = None
+    overlay: list[str] = field(default_factory=list)  # written as they are after patch tests_of
+    remove: list[str] = field(default_factory=list)  # deleted by patch tests_of
+
+    @property
+    def name(self) -> str:
+        return f"state-{self.n}" + (f"-tests-{self.tests_of}" if self.tests_of else "")
+
+
+def plan(patches, final_nodes: list[str], stack=None, prove: Sequence[int] | None = None
+         ) -> tuple[list[Run], dict[int, int], dict[int, int]]:
+    """The pytest runs, in tree order, and for each proven patch n the index of its before and after run.
+
+    Patch n's Checks run before it on the tree before it with the patch's test-side changes laid over
+    it (its new or changed test modules, conftest and helpers under tests/, as the patch leaves them;
+    the files it deletes removed): the old code with the new test, so a test the patch adds to an existing
+    module runs there too and must show the bug. The "before" of patch n shares state n-1's run (the
+    "after" of patch n-1) when that run needs nothing else, or when the patch only adds new test modules
+    (which no other test sees); otherwise it is a run of its own, so patch n-1 is judged on its own tests.
+    `prove`: the patches to prove (default all Kind fix); the others' Checks run only in the final state.
     """
-    needs: dict[int, list[str]] = {n: [] for n in range(len(patches) + 1)}
-    overlays: dict[int, list[str]] = {}
-    for n, p in enumerate(patches, 1):
-        if p.kind == "fix":
-            needs[n - 1] += p.checks
-            needs[n] += p.checks
-            if stack is not None:
-                for path in unique(c.split("::", 1)[0] for c in p.checks):
-                    if not stack.has(n - 1, path) and stack.has(n, path):
-                        overlays.setdefault(n - 1, []).append(path)
-    needs[len(patches)] += final_nodes
-    return {n: unique(nodes) for n, nodes in needs.items() if nodes}, overlays
+    size = len(patches)
+    wanted = set(range(1, size + 1) if prove is None else prove)
+    fixes = [n for n, p in enumerate(patches, 1) if p.kind == "fix" and p.checks and n in wanted]
+    plain: dict[int, list[str]] = {n: [] for n in range(size + 1)}
+    for n in fixes:
+        plain[n] += patches[n - 1].checks
+    plain[size] += final_nodes
+    shared: dict[int, Run] = {}  # state n-1's run carrying patch n's tests
+    extra: dict[int, Run] = {}  # patch n's own before run at state n-1
+    for n in fixes:
+        checks = list(patches[n - 1].checks)
+        written, removed = test_changes(stack, n) if stack is not None else ([], [])
+        if not written and not removed:
+            plain[n - 1] += checks
+            continue
+        new_only = not removed and all(not stack.has(n - 1, f) and not f.endswith("conftest.py") for f in written)
+        if new_only or not plain[n - 1]:
+            shared[n - 1] = Run(n - 1, checks, n, written, removed)
+        else:
+            extra[n] = Run(n - 1, checks, n, written, removed)
+    runs: list[Run] = []
+    before: dict[int, int] = {}
+    after: dict[int, int] = {}
+    for s in range(size + 1):
+        main = shared.get(s)
+        if main is not None:
+            main.nodes = unique(plain[s] + main.nodes)
+            before[s + 1] = len(runs)
+            runs.append(main)
+        elif plain[s]:
+            if s + 1 in fixes and s + 1 not in extra:
+                before[s + 1] = len(runs)
+            runs.append(Run(s, unique(plain[s])))
+        if plain[s] or main is not None:
+            after[s] = len(runs) - 1
+        if s + 1 in extra:
+            before[s + 1] = len(runs)
+            runs.append(extra[s + 1])
+    return runs, before, {n: i for n, i in after.items() if n in fixes or n == size}
 
 
 def judge(n: int, patch, before: RunResult, after: RunResult, in_base: bool, commit: str,
-          overlaid: Sequence[str] = ()) -> PatchVerdict:
+          overlaid: Sequence[str] = (), proven_elsewhere: bool = False) -> PatchVerdict:
     v = PatchVerdict(n, patch.name, patch.fix_id, patch.kind, "pass-to-pass", in_base=in_base, commit=commit)
     if patch.kind != "fix":
         v.reason = f"Kind {patch.kind}: held to the regression suite only"
+        return v
+    if proven_elsewhere and patch.checks:
+        v.reason = "not re-proven in this run (its series' own verify proves it): held to pass-to-pass"
         return v
     if not patch.checks:
         v.status, v.reason = "unproven", "Kind fix with no Checks: nothing shows it fixes anything"
@@ -189,13 +258,20 @@ def fail_kind(before: str | None, message: str) -> str | None:
     return "absent-api" if ABSENT_API.search(message.strip()) else "behaviour"
 
 
-def verify_target(ctx) -> VerifyReport:
-    """Prove ctx's series (the series files, or the commits of --from) patch by patch on CPU."""
+def verify_target(ctx, prove: Sequence[int] | None = None) -> VerifyReport:
+    """Prove ctx's series (the series files, or the commits of --from) patch by patch on CPU.
+
+    `prove`: only these patches (1-based; -1 the last) are proven fail-before/pass-after; the others are held to
+    pass-to-pass (their Checks pass on the patched tree), as `kvforge pick --verify` asks of a series
+    `kvforge verify` proved before.
+    """
     say = ctx.progress
     start = time.monotonic()
     target, comp = ctx.target, ctx.component
     stack = open_stack(ctx)
     patches = stack.series.patches
+    if prove is not None:  # -1: the last patch
+        prove = [n if n > 0 else len(patches) + 1 + n for n in prove]
     all_checks = unique(c for p in patches for c in p.checks)
     final_nodes = selection(comp, PLATFORM, all_checks, target.path)
     env = target_env(ctx, base=stack.base)
@@ -203,33 +279,45 @@ def verify_target(ctx) -> VerifyReport:
     report = VerifyReport(target.name, comp.name, PLATFORM, stack.base.ref, stack.base.commit, stack.base.source,
                           stack.digest, str(comp.series_dir), env.key, stack.origin,
                           layer=env.layer.to_json() if env.layer else None)
-    rdir = evidence.attachments(ctx.cache, stack.key, "verify")
-    needs, overlays = plan(patches, final_nodes, stack)
+    partial = "" if prove is None else "patch-" + "-".join(str(n) for n in sorted(prove))
+    rdir = evidence.attachments(ctx.cache, stack.key, "verify", partial)
+    runs, before_of, after_of = plan(patches, final_nodes, stack, prove)
     selectors = list(comp.tests[PLATFORM])
-    runs: dict[int, RunResult] = {}
+    results: list[RunResult] = []
+    size = len(patches)
     say(f"verifying {len(patches)} patches of {target.name} on {stack.base.ref} ({stack.base.commit[:12]}), "
-        f"series {stack.digest}: {len(needs)} pytest runs, env {env.key}")
+        f"series {stack.digest}: {len(runs)} pytest runs, env {env.key}")
     with stack.lock(say):
-        for n, nodes in needs.items():
+        for run in runs:
+            n = run.n
             commit = stack.checkout(n)
-            state = "base" if n == 0 else f"after-{n}"
-            say(f"[{n}/{len(patches)}] {stack.label(n)} ({commit[:12]}): {len(nodes)} selectors")
-            if overlays.get(n):
-                stack.overlay(n + 1, overlays[n])
-                say(f"[{n}/{len(patches)}] with {', '.join(overlays[n])} from patch {n + 1} (its test on the old tree)")
-            run = run_pytest(env, stack.worktree, nodes, rdir / f"state-{n}.xml",
-                             run_properties(target, comp, stack, PLATFORM, state, commit), stack.label(n), commit)
-            runs[n] = run
-            say(f"[{n}/{len(patches)}] " + (summary_line(run) if run.exit_code is not None
-                                             else "nothing to run: the tests are not in this tree yet"))
-        final = runs.get(len(patches), RunResult("", "", []))
+            state = ("base" if n == 0 else f"after-{n}") + (f"+tests-of-{run.tests_of}" if run.tests_of else "")
+            say(f"[{n}/{size}] {stack.label(n)} ({commit[:12]}): {len(run.nodes)} selectors")
+            if run.tests_of:
+                stack.overlay(run.tests_of, run.overlay)
+                for path in run.remove:
+                    (stack.worktree / path).unlink(missing_ok=True)
+                say(f"[{n}/{size}] with the test-side files of patch {run.tests_of} (its tests on the old tree): "
+                    + ", ".join(run.overlay + [f"{f} (deleted)" for f in run.remove]))
+            result = run_pytest(env, stack.worktree, run.nodes, rdir / f"{run.name}.xml",
+                                run_properties(target, comp, stack, PLATFORM, state, commit), stack.label(n), commit)
+            results.append(result)
+            say(f"[{n}/{size}] " + (summary_line(result) if result.exit_code is not None
+                                    else "nothing to run: the tests are not in this tree yet"))
+        empty = RunResult("", "", [])
+        final = results[after_of[size]] if size in after_of else empty
         cmp = against_base(ctx, stack, env, final, selectors, all_checks, rdir) if patches else \
             compare(final, final, selectors, all_checks, "same tree")
-    report.runs = [runs[n].to_json() | {"state": n} for n in sorted(runs)]
-    empty = RunResult("", "", [])
+    report.runs = [r.to_json() | {"state": run.n, "tests_of": run.tests_of, "overlay": run.overlay + run.remove}
+                   for run, r in zip(runs, results)]
     for n, p in enumerate(patches, 1):
-        report.patches.append(judge(n, p, runs.get(n - 1, empty), runs.get(n, empty), stack.in_base(n),
-                                    stack.commits[n], overlays.get(n - 1, [])))
+        if n in before_of:
+            b = runs[before_of[n]]
+            report.patches.append(judge(n, p, results[before_of[n]], results[after_of[n]], stack.in_base(n),
+                                        stack.commits[n], b.overlay if b.tests_of == n else []))
+        else:
+            report.patches.append(judge(n, p, empty, empty, stack.in_base(n), stack.commits[n],
+                                        proven_elsewhere=prove is not None))
     c = final.counts()
     absent = final.not_in_tree + final.missing
     failing_checks = [n for n in all_checks if final.outcome(n) in ("failed", "error")]
@@ -249,6 +337,9 @@ def verify_target(ctx) -> VerifyReport:
                          "compare": cmp.to_json()}
     report.ok = not reason and all(p.ok for p in report.patches)
     report.seconds = time.monotonic() - start
+    if partial:  # not the series' evidence (kvforge pr and notes read that): its files stay, no record
+        report.report = f"{rdir} (patches {', '.join(map(str, sorted(prove or [])))} only: no verify record)"
+        return report
     record = evidence.Record("verify", stack.key, origin=stack.origin, platform=PLATFORM, ok=report.ok,
                              data=report.to_json())
     report.report = str(evidence.save(ctx.cache, record))
@@ -292,7 +383,8 @@ def render_verify_report(report: VerifyReport) -> str:
     else:
         lines.append("nothing to prove: the series is empty")
     if any(c.before_how == "from the patch" for p in report.patches for c in p.checks):
-        lines.append("fail-before: a Checks file a patch adds is run on the tree before that patch (old code, new test)")
+        lines.append("fail-before: a patch's Checks run on the tree before it with the patch's test-side changes "
+                     "laid over it (old code, new test)")
     if any(c.before_kind for p in report.patches for c in p.checks):
         lines.append("why: behaviour = an assertion about vLLM's behaviour failed; absent-api = the API the test uses "
                      "does not exist yet (import/attribute/keyword); a fix needs at least one behaviour")

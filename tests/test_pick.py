@@ -423,30 +423,109 @@ def test_pick_conflict_left_in_a_tree_continue_writes_and_survives_kills(picking
 TEST_ENVS = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "envs")
 
 
-@pytest.mark.slow
-def test_pick_verify_runs_verify_and_writes_nothing_unproven(picking, upstream, session_cache, monkeypatch):
-    """--verify on v0.20.1 with its series emptied and its CPU selection cut to the picked test's module
-    (the CI budget). #41282's test is a function added to an existing module; kvforge verify overlays only
-    new test files onto the tree before a patch, so before the pick the test is "not in this tree" and
-    verify will not call the patch proven: the pick says so, exits 4 and writes nothing."""
-    root = picking
+def _with_test_envs(session_cache, monkeypatch) -> None:
+    """The verify runs use the user's built test environments (the session cache only links them)."""
     TEST_ENVS.mkdir(parents=True, exist_ok=True)
     if not (session_cache.root / "envs").exists():
         (session_cache.root / "envs").symlink_to(TEST_ENVS, target_is_directory=True)
     monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
-    for f in (root / "patches" / "v0.20.1").glob("*.patch"):
-        f.unlink()
-    (root / "patches" / "v0.20.1" / "series").write_text("")
-    toml = root / "targets" / "v0.20.1.toml"
+
+
+def _cut_cpu_selection(root: Path, target: str, module: str) -> None:
+    """The target's (first component's) CPU selection cut to one module: the CI budget."""
+    toml = root / "targets" / f"{target}.toml"
     text = toml.read_text()
     start = text.index("cpu = [")
     end = text.index("]\n", start) + 2
-    toml.write_text(text[:start] + 'cpu = ["tests/v1/core/test_single_type_kv_cache_manager.py"]\n' + text[end:])
-    _git(root, "commit", "-qam", "v0.20.1: no series, one test module")
-    res = kvforge("pick", "--repo", str(upstream["repo"]), "v0.20.2", "--fix-id", "swa-admission-cap",
-                  "--target", "v0.20.1", "--verify", "--json")
+    toml.write_text(text[:start] + f'cpu = ["{module}"]\n' + text[end:])
+    _git(root, "commit", "-qam", f"{target}: one test module")
+
+
+@pytest.mark.slow
+def test_pick_verify_proves_41282_where_it_applies_and_writes_the_series(picking, upstream, session_cache,
+                                                                         monkeypatch):
+    """#41282 onto every target with --verify: present on 0.20.2 and 0.33.0; on v0.20.1 (its whole series
+    carried, the CPU selection cut to the picked test's module) the picked patch is proven: its test, a
+    function #41282 adds to an existing module, runs on the tree before the pick with the pick's version of
+    that module and fails there on an assertion (the predictor and the allocator disagree), then passes."""
+    root = picking
+    _with_test_envs(session_cache, monkeypatch)
+    _cut_cpu_selection(root, "v0.20.1", "tests/v1/core/test_single_type_kv_cache_manager.py")
+    res = kvforge("pick", "--repo", str(upstream["repo"]), "v0.20.2", "--fix-id", "swa-admission-cap", "--verify",
+                  "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    rows = _rows(res)
+    assert {t: (r["verdict"], r["proof"]) for t, r in rows.items()} == {
+        "v0.20.1": ("applies", "proven"), "v0.20.2rc": ("present", "-"), "main": ("present", "-")}
+    ev = rows["v0.20.1"]["evidence"]
+    (check,) = ev["checks"]
+    assert check["node"].endswith("::test_predictor_matches_allocator_blocks_calculation_with_admission_cap")
+    assert (check["before"], check["before_how"], check["before_kind"], check["after"]) == (
+        "failed", "from the patch", "behaviour", "passed")
+    assert "predictor returned" in check["before_message"] and "but allocator pulled" in check["before_message"]
+    assert ev["status"] == "proven" and ev["regression"]["ok"] and ev["regression"]["new_failures"] == 0
+    assert "| v0.20.1/vllm | applies | proven |" in doc["markdown"]
+    assert doc["status"] == "written"
+    assert sorted(line[3:] for line in _changed(root)) == [
+        "patches/v0.20.1/0006-swa-admission-cap.patch", "patches/v0.20.1/series", "targets/main.toml",
+        "targets/v0.20.2rc.toml"]
+    series = read_series(root / "patches" / "v0.20.1")
+    assert series.patches[-1].fix_id == "swa-admission-cap" and not series.all_problems()
+    assert series.patches[-1].checks == [check["node"]]
+
+
+@pytest.mark.slow
+def test_pick_verify_refuses_a_change_whose_test_fails_before_only_for_a_missing_api(picking, upstream,
+                                                                                      session_cache, monkeypatch):
+    """0.21.0's full-sequence change onto v0.20.2rc (the CPU selection cut to one module): its Checks, two
+    tests it changes in tests/v1/core/test_prefix_caching.py, run before the pick with the pick's version of
+    the module and fail there only because allocate_slots has no full_sequence_must_fit keyword yet (the
+    API the change adds). That is not behaviour: the pick is not proven, exits 4 and writes nothing."""
+    root = picking
+    _with_test_envs(session_cache, monkeypatch)
+    _cut_cpu_selection(root, "v0.20.2rc", "tests/v1/core/test_single_type_kv_cache_manager.py")
+    res = kvforge("pick", "--repo", str(upstream["repo"]), "v0.21.0^", "--fix-id", "full-sequence-must-fit",
+                  "--target", "v0.20.2rc", "--verify", "--json")
     assert res.exit_code == 4, res.output
+    doc = json.loads(res.stdout)
     (row,) = _rows(res).values()
     assert row["verdict"] == "applies" and row["proof"].startswith("failed: ")
-    assert "test_predictor_matches_allocator_blocks_calculation_with_admission_cap: not in this tree" in row["proof"]
-    assert json.loads(res.stdout)["status"] == "verify failed" and _changed(root) == []
+    assert "unproven" in row["proof"] and "behavioural reason" in row["proof"]
+    ev = row["evidence"]
+    assert ev["status"] == "unproven" and len(ev["checks"]) == 2
+    for c in ev["checks"]:
+        assert c["node"].startswith("tests/v1/core/test_prefix_caching.py::test_can_fit_full_sequence_")
+        assert (c["before"], c["before_how"], c["before_kind"]) == ("failed", "from the patch", "absent-api")
+        assert "unexpected keyword argument 'full_sequence_must_fit'" in c["before_message"]
+    assert doc["status"] == "verify failed" and "not proven on v0.20.2rc/vllm" in doc["error"]
+    assert _changed(root) == []  # nothing written
+
+
+@pytest.mark.slow
+def test_pick_after_places_the_patch_after_a_fix_and_reapplies_the_rest(picking, upstream, tmp_path):
+    """--after FIX: #41282 goes right after v0.20.1's first fix; the four later patches are re-applied over
+    it and re-exported, the series lists the pick in its place, and the written series applies for real."""
+    root, src = picking, upstream["repo"]
+    res = kvforge("pick", "--repo", str(src), "v0.20.2", "--fix-id", "swa-admission-cap", "--target", "v0.20.1",
+                  "--after", "no-such-fix", "--json")
+    assert res.exit_code == 2 and "--after no-such-fix: v0.20.1/vllm carries no patch with Fix-Id no-such-fix" \
+        in json.loads(res.stdout)["error"] and _changed(root) == []
+    old = read_series(root / "patches" / "v0.20.1")
+    res = kvforge("pick", "--repo", str(src), "v0.20.2", "--fix-id", "swa-admission-cap", "--target", "v0.20.1",
+                  "--after", "two-phase-kv-alloc", "--json")
+    assert res.exit_code == 0, res.output
+    (row,) = _rows(res).values()
+    assert row["verdict"] == "applies" and row["position"] == 2 and "after 0001-two-phase-kv-alloc.patch" in row["detail"]
+    new = read_series(root / "patches" / "v0.20.1")
+    assert not new.all_problems() and kvforge("lint").exit_code == 0
+    assert [p.name for p in new.patches] == [old.patches[0].name, "0006-swa-admission-cap.patch",
+                                             *[p.name for p in old.patches[1:]]]
+    assert [p.fix_id for p in new.patches[2:]] == [p.fix_id for p in old.patches[1:]]  # headers kept
+    changed = sorted(line[3:] for line in _changed(root))
+    assert "patches/v0.20.1/0006-swa-admission-cap.patch" in changed and "patches/v0.20.1/series" in changed
+    tree = tmp_path / "tree"
+    res = kvforge("apply", "-t", "v0.20.1", "--into", str(tree))
+    assert res.exit_code == 0, res.output
+    log = _git(tree, "log", "--format=%s", "kvforge/base/v0.20.1..kvforge/v0.20.1").splitlines()[::-1]
+    assert len(log) == 6 and "(#41282)" in log[1]

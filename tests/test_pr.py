@@ -385,7 +385,7 @@ def test_real_verify_evidence_feeds_the_pr(series):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     body = data["body"]
-    assert "Fail-before 2/2 (1 for a behavioural reason), pass-after 2/2: **proven**" in body
+    assert "Fail-before 2/2 (2 for a behavioural reason), pass-after 2/2: **proven**" in body  # both Checks run before
     assert "`AssertionError: assert 5 == 3`" in body or "`assert 5 == 3`" in body  # the real failure before
     reg = report["regression"]
     assert reg["failed"] == 0 and f"{reg['passed']} passed, {reg['skipped']} skipped, none failed" in body

@@ -47,13 +47,17 @@ def test_verify_proves_fix_and_records_per_patch_evidence(fake):
     report = json.loads(res.stdout)
     (p,) = report["patches"]
     assert p["status"] == "proven" and p["fail_before"] == [2, 2] and p["pass_after"] == [2, 2]
-    # A test file the patch adds runs on the tree before it (old code, new test) and fails there; a test
-    # it adds to an existing file is not in the old tree: both count as failing before.
-    before = {c["node"]: (c["before"], c["before_how"]) for c in p["checks"]}
-    assert before == {CLAMP_CHECKS[0]: ("failed", "from the patch"), CLAMP_CHECKS[1]: ("missing", "absent")}
+    # The patch's test-side changes (a test file it adds, a test it adds to an existing file) are laid over
+    # the tree before it (old code, new tests): both run there and fail for a behavioural reason.
+    before = {c["node"]: (c["before"], c["before_how"], c["before_kind"]) for c in p["checks"]}
+    assert before == {CLAMP_CHECKS[0]: ("failed", "from the patch", "behaviour"),
+                      CLAMP_CHECKS[1]: ("failed", "from the patch", "behaviour")}
     assert "assert 5 == 3" in p["checks"][0]["before_message"] and p["checks"][0]["after_message"] == ""
+    assert "assert 9 == 4" in p["checks"][1]["before_message"]
     assert report["regression"]["ok"] and report["regression"]["passed"] == 4  # 2 selection + 2 Checks
-    assert [r["state"] for r in report["runs"]] == [0, 1]  # one pytest run per tree state
+    # one pytest run per tree state: the base (with the patch's two test files) and the patched tree
+    assert [(r["state"], r["tests_of"]) for r in report["runs"]] == [(0, 1), (1, None)]
+    assert sorted(report["runs"][0]["overlay"]) == ["tests/test_core.py", "tests/test_kvforge_clamp.py"]
     assert Path(report["report"]).is_file() and json.loads(Path(report["report"]).read_text())["ok"]
     human = kvforge("verify", "--target", "fake")
     assert human.exit_code == 0 and "proven" in human.stdout and "verify fake: OK" in human.stdout
@@ -319,7 +323,7 @@ def test_a_behavioural_fail_before_is_named_in_the_report(fake):
     fake.series("0001-clamp-upper")
     res = kvforge("verify", "-t", "fake")
     assert res.exit_code == 0, res.output
-    assert "1 behaviour, 1 absent-test" in res.output and "why it failed before" in res.output
+    assert "2 behaviour" in res.output and "why it failed before" in res.output
 
 
 def test_fail_kinds():
@@ -336,3 +340,86 @@ def test_fail_kinds():
         == "absent-api"
     assert fail_kind("failed", "SystemExit: 2") == "absent-api"
     assert fail_kind("missing", "") == "absent-test" and fail_kind("passed", "") is None
+
+
+def test_a_test_added_to_an_existing_module_failing_only_to_collect_is_unproven(fake):
+    """The patch's new test function in tests/test_core.py runs before the patch (its version of the module
+    laid over the old tree); the module does not even collect there because the name it imports does not
+    exist yet: an ImportError, not a behaviour, so the fix is unproven and the reason says why."""
+    fake.patch("0001-add-triple", {CORE: ("def clamp(", "def triple(x):\n    return 3 * x\n\n\ndef clamp("),
+                                   TESTS: ("from vllm_like.core import double\n",
+                                           "from vllm_like.core import double, triple\n\n\n"
+                                           "def test_triple():\n    assert triple(2) == 6\n")},
+               checks=("tests/test_core.py::test_triple",))
+    fake.series("0001-add-triple")
+    res = kvforge("verify", "-t", "fake", "--json")
+    assert res.exit_code == 4, res.output
+    report = json.loads(res.stdout)
+    (p,) = report["patches"]
+    (c,) = p["checks"]
+    assert (c["before"], c["before_how"], c["before_kind"], c["after"]) == ("error", "from the patch", "absent-api",
+                                                                           "passed")
+    assert c["before_message"].startswith("collection error: ImportError: cannot import name 'triple'")
+    assert p["status"] == "unproven" and "behavioural reason" in p["reason"] and "ImportError" in p["reason"]
+    assert report["regression"]["ok"]  # the patched tree is fine: only the proof is missing
+    assert "1 unproven" in errline(res)
+
+
+def test_the_before_run_of_a_patch_changing_a_test_module_is_its_own(fake):
+    """Patch 2 changes tests/test_core.py, which holds patch 1's Checks: its version runs before patch 2
+    in a pytest run of its own, so patch 1 is still judged on its own tests at the same tree state."""
+    c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.patch("0002-double-negative", {
+        CORE: ("    return 2 * x", "    return 2 * max(x, 0)"),
+        TESTS: ("    assert clamp(9, 0, 4) == 4\n", "    assert clamp(9, 0, 4) == 4\n\n\n"
+                                                  "def test_double_negative():\n    from vllm_like.core import clamp\n\n"
+                                                  "    assert double(-1) == 0\n    assert double(clamp(-3, 0, 4)) == 0\n"),
+    }, checks=("tests/test_core.py::test_double_negative",), start=c1)
+    fake.series("0001-clamp-upper", "0002-double-negative")
+    res = kvforge("verify", "-t", "fake", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert [p["status"] for p in report["patches"]] == ["proven", "proven"]
+    assert [(r["state"], r["tests_of"]) for r in report["runs"]] == [(0, 1), (1, None), (1, 2), (2, None)]
+    (c,) = report["patches"][1]["checks"]
+    assert (c["before"], c["before_how"], c["before_kind"]) == ("failed", "from the patch", "behaviour")
+    assert "assert -2 == 0" in c["before_message"]
+    assert report["runs"][2]["overlay"] == [TESTS] and report["runs"][2]["passed"] + report["runs"][2]["failed"] == 1
+    assert report["runs"][1]["passed"] == 2  # patch 1's Checks, on its own version of tests/test_core.py
+
+
+def test_test_side_files():
+    from kvforge.verify import test_side
+
+    assert test_side("tests/v1/core/utils.py") and test_side("tests/conftest.py")
+    assert test_side("vllm_ascend/tests/test_x.py") and test_side("pkg/conftest.py")
+    assert not test_side("vllm/v1/core/block_pool.py") and not test_side("vllm/testing.py")
+
+
+def test_prove_only_some_patches_holds_the_others_to_pass_to_pass_and_records_nothing(fake):
+    """verify_target(prove=[1]) (what `kvforge pick --verify --after` asks for a patch in the middle): patch 1
+    is proven at its place; patch 2 is not re-proven (pass-to-pass: its Checks pass on the patched tree);
+    no verify record is saved, so the series' own evidence is never shadowed by a partial run."""
+    from kvforge.cache import Cache
+    from kvforge.context import Context
+    from kvforge.evidence import latest
+    from kvforge.trees import open_stack
+    from kvforge.verify import verify_target
+
+    c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
+    fake.patch("0002-double-negative", {CORE: ("    return 2 * x", "    return 2 * max(x, 0)"),
+                                        "tests/test_kvforge_negative.py": ("", "from vllm_like.core import double\n\n\n"
+                                                                               "def test_neg():\n"
+                                                                               "    assert double(-1) == 0\n")},
+               checks=("tests/test_kvforge_negative.py::test_neg",), start=c1)
+    fake.series("0001-clamp-upper", "0002-double-negative")
+    ctx = Context.load(Cache(fake.cache), "fake")
+    report = verify_target(ctx, prove=[1])
+    assert report.ok and [p.status for p in report.patches] == ["proven", "pass-to-pass"]
+    assert "not re-proven" in report.patches[1].reason and report.patches[1].checks == []
+    assert [(r["state"], r["tests_of"]) for r in report.runs] == [(0, 1), (1, None), (2, None)]
+    assert "no verify record" in report.report
+    assert latest(Cache(fake.cache), open_stack(ctx).key, "verify") is None
+    last = verify_target(ctx, prove=[-1])  # -1: the last patch
+    assert [p.status for p in last.patches] == ["pass-to-pass", "proven"]
+    assert [(r["state"], r["tests_of"]) for r in last.runs] == [(1, 2), (2, None)]
