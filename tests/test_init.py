@@ -206,7 +206,7 @@ def _sh(cmd: list[str], cwd: Path, env: dict, ok: bool = True, timeout: float = 
 
 @pytest.mark.slow
 def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
-    from test_pick import SUBJECT_FULL_SEQ, _commit, _core_files, _git
+    from test_pick import SUBJECT_41282, _commit, _core_files, _git
 
     from kvforge.bases import download_sdist
     from kvforge.cache import Cache, default_cache_dir
@@ -232,7 +232,7 @@ def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
 
     work = tmp_path / "work"
     work.mkdir()
-    doc = json.loads(_sh([kv, "init", "team", "--release", "0.20.2", "--json"], work, env).stdout)
+    doc = json.loads(_sh([kv, "init", "team", "--json"], work, env).stdout)
     team = work / "team"
     assert doc["install"] == f"python3 -m pip install 'kvforge @ {src.as_uri()}'"
     # The workflow's install step, run as CI runs it (here: over the same install)
@@ -242,58 +242,51 @@ def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
     _sh(["git", "config", "user.name", "Carrier"], team, env)
     _sh(["git", "config", "user.email", "carrier@example.com"], team, env)
 
+    # target add: the team's first target, pinned from the real package index (sdist, upstream commit, wheels)
+    ta = json.loads(_sh([kv, "target", "add", "0.20.1", "--json"], team, env).stdout)
+    assert ta["components"][0]["upstream_commit"] == "f98b2747f" and len(ta["components"][0]["wheels"]) == 2
     _sh([kv, "lint"], team, env)
-    _sh([kv, "lint", "--selections"], team, env)  # the KV-cache manager tests exist in the real 0.20.2 base
-    r = _sh([kv, "apply", "-t", "v0.20.2", "--json"], team, env)
-    assert (team / "vllm-v0.20.2" / "vllm" / "v1" / "core" / "kv_cache_manager.py").is_file()
-    assert _sh(["git", "status", "--porcelain"], team, env).stdout == ""  # the tree is ignored
+    _sh([kv, "lint", "--selections"], team, env)
+    _sh([kv, "apply", "-t", "v0.20.1", "--json"], team, env)
+    assert (team / "vllm-v0.20.1" / "vllm" / "v1" / "core" / "kv_cache_manager.py").is_file()
+    assert "vllm-v0.20.1" not in _sh(["git", "status", "--porcelain"], team, env).stdout  # the tree is ignored
 
-    # A real upstream change: 0.21.0's kv_cache_manager.py and test_prefix_caching.py on top of 0.20.2
+    # A real upstream change: #41282 (vllm/v1/core and tests/v1/core 0.20.1 -> 0.20.2 of the PyPI sdists)
     user = Cache(default_cache_dir())
-    comp = load_target("v0.20.2rc", REPO_ROOT).component()
-    sdists = {v: download_sdist(replace(comp, release=Release("vllm", v, None)) if v != "0.20.2" else comp, user,
-                                print) for v in ("0.20.2", "0.21.0")}
+    comp = load_target("v0.20.1", REPO_ROOT).component()
+    sdists = {v: download_sdist(replace(comp, release=Release("vllm", v, None)) if v != "0.20.1" else comp, user,
+                                print) for v in ("0.20.1", "0.20.2")}
     repo = tmp_path / "upstream"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
-    r2, r3 = _core_files(sdists["0.20.2"]), _core_files(sdists["0.21.0"])
-    b = _commit(repo, r2, None, "vllm 0.20.2: vllm/v1/core and tests/v1/core of the PyPI sdist")
+    a = _commit(repo, _core_files(sdists["0.20.1"]), None, "vllm 0.20.1: vllm/v1/core and tests/v1/core of the sdist")
+    _git(repo, "tag", "v0.20.1", a)
+    b = _commit(repo, _core_files(sdists["0.20.2"]), a, SUBJECT_41282)
     _git(repo, "tag", "v0.20.2", b)
-    mid = dict(r2)
-    for rel in ("vllm/v1/core/kv_cache_manager.py", "tests/v1/core/test_prefix_caching.py"):
-        mid[rel] = r3[rel]
-    c = _commit(repo, mid, b, SUBJECT_FULL_SEQ)
-    d = _commit(repo, r3, c, "vllm 0.21.0: the rest of vllm/v1/core and tests/v1/core")
-    _git(repo, "tag", "v0.21.0", d)
 
     offline = {**env, "KVFORGE_OFFLINE": "1"}
-    r = _sh([kv, "pick", "--repo", str(repo), c, "--fix-id", "full-sequence-must-fit", "--json"], team, offline)
+    r = _sh([kv, "pick", "--repo", str(repo), b, "--fix-id", "swa-admission-cap", "--json"], team, offline)
     (row,) = json.loads(r.stdout)["rows"]
-    assert (row["target"], row["verdict"]) == ("v0.20.2", "applies")
-    patch = team / "patches/v0.20.2/0001-full-sequence-must-fit.patch"
-    assert patch.is_file() and (team / "patches/v0.20.2/series").read_text().split() == [patch.name]
+    assert (row["target"], row["verdict"]) == ("v0.20.1", "applies")
+    patch = team / "patches/v0.20.1/0001-swa-admission-cap.patch"
+    assert patch.is_file() and (team / "patches/v0.20.1/series").read_text().split() == [patch.name]
     from kvforge.series import read_series
 
-    (p,) = read_series(team / "patches/v0.20.2").patches
-    assert p.value("Drop-When") == "version >= 0.21.0" and p.checks, p.checks
+    (p,) = read_series(team / "patches/v0.20.1").patches
+    assert p.value("Drop-When") == "version >= 0.20.2" and p.checks, p.checks
     _sh([kv, "lint"], team, env)
 
-    # verify: what it can prove of this change. The Checks are test functions the change modifies (it moves
-    # can_fit_full_sequence into allocate_slots); before the patch verify runs the tree's own (old) versions, which
-    # pass: fail-before cannot be shown, so the patch is "unproven" with that reason (exit 4). What is shown: both
-    # Checks pass after the patch, and the selection passes on the patched tree with no new failure.
-    r = _sh([kv, "verify", "-t", "v0.20.2", "--json"], team, offline, ok=False, timeout=3600)
-    assert r.returncode == 4, r.stderr[-3000:]
+    # verify: the picked fix proven in the team's project (its new test function fails on 0.20.1 for a behavioural
+    # reason, with the patch's test-side change laid over the old tree, and passes after it)
+    r = _sh([kv, "verify", "-t", "v0.20.1", "--json"], team, offline, ok=False, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
     vdoc = json.loads(r.stdout)
     (vp,) = vdoc["patches"]
-    assert (vp["fix_id"], vp["status"], vp["fail_before"], vp["pass_after"]) == (
-        "full-sequence-must-fit", "unproven", [0, 2], [2, 2])
-    assert {(c["before"], c["before_how"], c["after"]) for c in vp["checks"]} == {("passed", "in tree", "passed")}
-    assert "already passes before the patch" in vp["reason"]
-    reg = vdoc["regression"]
-    assert reg["ok"] and reg["failed"] == reg["errors"] == 0 and reg["passed"] > 100
-    assert reg["compare"]["new_failures"] == 0
-    assert vdoc["base"].startswith("11fab712ccd1")  # vLLM 0.20.2 imported from its sdist, as on every machine
+    assert (vp["fix_id"], vp["status"]) == ("swa-admission-cap", "proven"), vp
+    assert all(c["before"] == "failed" and c["before_kind"] == "behaviour" and c["after"] == "passed"
+               for c in vp["checks"]), vp["checks"]
+    assert vdoc["regression"]["compare"]["new_failures"] == 0
+
 
 @pytest.mark.slow
 def test_init_vllm_ascend_release_pins_both_sdists_from_pypi(here, monkeypatch):
