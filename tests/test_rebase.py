@@ -421,7 +421,7 @@ def test_real_upstream_commits_are_all_found_upstream(real_project, session_cach
 
     cache, base = base_v0202
     comp = load_target("v0.20.2rc").component()
-    snap = ensure_base(replace(comp, ref="v0.33.0", wheel=None, release=Release("vllm", "0.33.0", V0330_SHA256)),
+    snap = ensure_base(replace(comp, ref="v0.33.0", wheels=(), release=Release("vllm", "0.33.0", V0330_SHA256)),
                        cache, "sdist")
     out = tmp_path / "fwd"
     out.mkdir()
