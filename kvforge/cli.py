@@ -265,9 +265,10 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
     \b
     - vLLM's PyPI sdist pinned by sha256, its upstream commit (from _version.py), its
       release wheels per architecture (highest build number) as [[components.wheels]];
-    - each further component (vllm-ascend) follows its release for VERSION (0.21.0 ->
-      vllm_ascend 0.21.0rc1, branch releases/v0.21.0rc), pinned the same way, or is
-      left out with the reason (0.22.0: none on PyPI);
+    - each further component (vllm-ascend) follows its release built on VERSION: the
+      newest whose sdist's Dockerfile says ARG VLLM_TAG=vVERSION (0.22.1 -> vllm_ascend
+      0.22.1rc1, branch releases/v0.22.1rc), pinned the same way, or is left out with
+      the reason (0.21.0: vllm_ascend 0.21.0rc1 is built on vLLM v0.22.1);
     - each component's series seeded by rebasing the --from target's series onto the
       new base (verdicts and signals per patch, as kvforge rebase); a conflict stops
       (exit 3) with the worktree named: resolve, `git add`, then --continue (or

@@ -41,7 +41,7 @@ from .context import Context, Progress, quiet
 from .errors import EXIT_APPLY, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, crashpoint, file_lock
 from .rebase.commit import stage_series
-from .rebase.onto import RELEASE_RE, matching_release, release_pins, release_ref
+from .rebase.onto import RELEASE_RE, Candidate, matching_release, release_pins, release_ref
 from .rebase.retarget import complete_component, render_target, selection_comments
 from .rebase.state import (Digests, Plan, State, StopKind, Step, dir_digest, file_digest, load, project_id, save,
                            state_dir)
@@ -269,7 +269,7 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
                                f"or `--abort --as {name}`", EXIT_USAGE)
         progress(f"reading the package index for vllm {version}")
         t0 = time.monotonic()
-        new_target, left_out, notes = _plan_target(root, old, version, name, progress)
+        new_target, left_out, notes = _plan_target(root, old, version, name, cache.downloads, progress)
         ta = AddState(name=name, version=version, from_target=old.name if old else "", root=str(root),
                       root_id=project_id(root),
                       target_text=render_target(new_target, root), components=[c.name for c in new_target.components],
@@ -403,10 +403,21 @@ def _from_target(root: Path, version: str, name: str | None) -> Target | None:
     return max(older, key=lambda vt: (vt[0], len(vt[1].components)))[1]
 
 
-def _plan_target(root: Path, old: Target | None, version: str, name: str,
+def left_out_reason(package: str, version: str, looked: list[Candidate]) -> str:
+    """Why a component is left out: what each nearby release of it is built on (its sdist's Dockerfile)."""
+    if not looked:
+        return (f"{package} has no release near vLLM {version} on the package index (none of its releases of the "
+                "minor version, the one before or after); add the component when there is one")
+    built = "; ".join(f"{package} {k.version} is built on {k.built_on}, not {version}" for k in looked)
+    return (f"{built}: no {package} release on the package index is built on vLLM v{version} (its sdist's "
+            "Dockerfile VLLM_TAG); add the component when there is one")
+
+
+def _plan_target(root: Path, old: Target | None, version: str, name: str, downloads: Path,
                  progress: Progress) -> tuple[Target, dict[str, str], list[str]]:
-    """The new target before its series are rebased: each component's release and pins (left out with a reason
-    when its upstream has no matching release), series directories, the from-target's selections."""
+    """The new target before its series are rebased: each component's release and pins (a further component:
+    the release whose sdist's Dockerfile builds on this vLLM, kvforge.rebase.onto.matching_release; left out
+    with a reason when there is none), series directories, the from-target's selections."""
     comps: list[Component] = []
     left_out: dict[str, str] = {}
     notes: list[str] = []
@@ -415,12 +426,12 @@ def _plan_target(root: Path, old: Target | None, version: str, name: str,
         package = c.release.package
         rel_version = version
         if i > 0:
-            found, near = matching_release(package, vllm_version)
+            found, looked = matching_release(package, vllm_version, downloads, progress)
             if found is None:
-                nearby = f" (its releases for {'.'.join(version.split('.')[:2])}: {', '.join(near)})" if near else ""
-                left_out[c.name] = (f"{package} has no release for vLLM {version} on the package index{nearby}; "
-                                    f"add the component when there is one")
+                left_out[c.name] = left_out_reason(package, version, looked)
                 continue
+            notes += [f"{c.name}: {package} {k.version} is built on {k.built_on}, not {version}"
+                      for k in looked if k.version != found]
             rel_version = found
         if c.requires and c.requires in left_out:
             left_out[c.name] = f"it requires {c.requires}, which is left out"

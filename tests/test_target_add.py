@@ -1,18 +1,20 @@
 """kvforge target add: a complete new target for a vLLM release, all files or none.
 
 Fast tests use a local package index (file:// JSON, $KVFORGE_PYPI_URL) and fakes only for input checks and the
-target file renderer. The slow tests use real releases from PyPI (vllm 0.21.0 and 0.22.0, vllm_ascend 0.21.0rc1:
+target file renderer. The slow tests use real releases from PyPI (vllm 0.21.0 and 0.22.0, vllm_ascend 0.20.2rc1-0.23.0:
 real sdists imported as bases, real file lists for the wheel pins) and this project's real series.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -62,27 +64,57 @@ def copy_project(tmp_path, monkeypatch) -> Path:
     return root
 
 
+ASCEND_DOCKERFILES = {  # vllm_ascend release -> its sdist's Dockerfile (None: the sdist has none)
+    "0.20.2rc1": "ARG VLLM_TAG=v0.20.2\n",
+    "0.21.0rc1": "FROM base\nARG VLLM_REPO=https://github.com/vllm-project/vllm.git\nARG VLLM_TAG=v0.21.0\n"
+                 'ARG VLLM_COMMIT=""\n',
+    "0.21.0rc2": "ARG VLLM_TAG=v0.21.0\nARG VLLM_COMMIT=0123456789abcdef0123\n",  # a commit: not a release
+    "0.21.0rc3": None,
+    "0.22.1rc1": "ARG VLLM_TAG=v0.22.1\n",
+}
+
+
+def small_sdist(path: Path, top: str, dockerfile: str | None) -> None:
+    """A tiny sdist: a module, and the Dockerfile (when given) after it, as in the real ones."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in (("vllm_ascend/__init__.py", ""), ("Dockerfile", dockerfile)):
+            if text is None:
+                continue
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+
+
 @pytest.fixture()
 def local_index(tmp_path, monkeypatch) -> Path:
-    """A package index of JSON files (PyPI's JSON API shape) at file://: vllm 0.20.2 .. 0.22.0, vllm_ascend."""
+    """A package index of JSON files (PyPI's JSON API shape) at file://: vllm 0.20.2 .. 0.22.0, vllm_ascend
+    (its sdists are real small tarballs with the Dockerfiles above). The cache is tmp_path's."""
     root = tmp_path / "index"
+    (root / "pypi" / "vllm_ascend").mkdir(parents=True)
+    monkeypatch.setenv("KVFORGE_CACHE", str(tmp_path / "cache"))
 
     def files(names: list[str]) -> list[dict]:
-        return [{"filename": n, "packagetype": "sdist" if n.endswith(".tar.gz") else "bdist_wheel",
-                 "digests": {"sha256": hashlib.sha256(n.encode()).hexdigest()}, "url": n, "size": 1} for n in names]
+        out = []
+        for n in names:
+            data = n.encode()
+            if n.startswith("vllm_ascend-"):
+                version = n.removeprefix("vllm_ascend-").removesuffix(".tar.gz")
+                small_sdist(root / "pypi" / "vllm_ascend" / n, n.removesuffix(".tar.gz"), ASCEND_DOCKERFILES[version])
+                data = (root / "pypi" / "vllm_ascend" / n).read_bytes()
+            out.append({"filename": n, "packagetype": "sdist" if n.endswith(".tar.gz") else "bdist_wheel",
+                        "digests": {"sha256": hashlib.sha256(data).hexdigest()}, "url": n, "size": len(data)})
+        return out
 
     releases = {
         "vllm": {"0.21.0": files(["vllm-0.21.0.tar.gz", "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl",
                                   "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl",
                                   "vllm-0.21.0-cp38-abi3-manylinux_2_24_aarch64.whl"]),
                  "0.22.0": files(["vllm-0.22.0.tar.gz"]), "9.9.9": []},
-        "vllm_ascend": {"0.20.2rc1": files(["vllm_ascend-0.20.2rc1.tar.gz"]),
-                        "0.21.0rc1": files(["vllm_ascend-0.21.0rc1.tar.gz"]),
-                        "0.21.0rc2": files(["vllm_ascend-0.21.0rc2.tar.gz"]),
-                        "0.22.1rc1": files(["vllm_ascend-0.22.1rc1.tar.gz"])},
+        "vllm_ascend": {v: files([f"vllm_ascend-{v}.tar.gz"]) for v in ASCEND_DOCKERFILES},
     }
+    releases["vllm_ascend"]["0.22.0rc1"] = []  # listed without files: never a candidate
     for package, rel in releases.items():
-        (root / "pypi" / package).mkdir(parents=True)
+        (root / "pypi" / package).mkdir(parents=True, exist_ok=True)
         (root / "pypi" / package / "json").write_text(json.dumps({"releases": rel}))
     monkeypatch.setenv("KVFORGE_PYPI_URL", root.as_uri())
     return root
@@ -100,10 +132,44 @@ def test_pins_and_matching_release_from_the_index(local_index):
     assert [w.filename for w in pins.wheels] == ["vllm-0.21.0-cp38-abi3-manylinux_2_24_aarch64.whl",
                                                  "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"]
     assert release_pins("vllm", "9.9.9") is None
-    assert matching_release("vllm_ascend", "0.21.0") == ("0.21.0rc2", [])  # the newest candidate
-    assert matching_release("vllm_ascend", "0.22.0") == (None, ["0.22.1rc1"])
     assert release_ref("vllm_ascend", "0.21.0rc2") == "releases/v0.21.0rc"
     assert release_ref("vllm", "0.21.0") == "v0.21.0"
+
+
+def test_matching_release_is_what_the_sdists_dockerfile_builds_on(local_index, tmp_path, monkeypatch):
+    """The vllm_ascend release for a vLLM version is the newest whose sdist's Dockerfile says VLLM_TAG=v<version>,
+    not the one named like it: a pinned VLLM_COMMIT is not a release, a sdist without a Dockerfile says nothing.
+    Each sdist is downloaded once, sha256-checked; a cached copy that is not the index's is fetched again."""
+    from kvforge import bases
+    from kvforge.rebase.onto import matching_release
+    from kvforge.targetadd import left_out_reason
+
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    fetched: list[str] = []
+    real = bases.download_pinned
+    monkeypatch.setattr("kvforge.rebase.onto.download_pinned",
+                        lambda url, dest, *a, **k: (fetched.append(dest.name), real(url, dest, *a, **k))[1])
+    found, looked = matching_release("vllm_ascend", "0.21.0", downloads)
+    assert found == "0.21.0rc1"  # rc2 pins a commit, rc3 has no Dockerfile, 0.22.1rc1 is built on v0.22.1
+    assert [(k.version, k.vllm_tag) for k in looked] == [("0.22.1rc1", "v0.22.1"), ("0.21.0rc3", None),
+                                                         ("0.21.0rc2", None), ("0.21.0rc1", "v0.21.0")]
+    assert "VLLM_COMMIT" in looked[2].built_on and "not a release" in looked[2].built_on
+    assert looked[1].built_on == "no Dockerfile in its sdist"
+    assert sorted(fetched) == [f"vllm_ascend-{v}.tar.gz" for v in ("0.21.0rc1", "0.21.0rc2", "0.21.0rc3", "0.22.1rc1")]
+    assert matching_release("vllm_ascend", "0.22.1", downloads)[0] == "0.22.1rc1"
+    assert matching_release("vllm_ascend", "0.20.2", downloads)[0] == "0.20.2rc1"
+    assert len(fetched) == 5  # 0.20.2rc1 once more; every other sdist came from the cache
+    found, looked = matching_release("vllm_ascend", "0.22.0", downloads)
+    assert found is None and [k.version for k in looked] == ["0.22.1rc1", "0.21.0rc3", "0.21.0rc2", "0.21.0rc1"]
+    why = left_out_reason("vllm_ascend", "0.22.0", looked)
+    assert "vllm_ascend 0.22.1rc1 is built on vLLM v0.22.1 (its Dockerfile's VLLM_TAG), not 0.22.0" in why
+    assert "vllm_ascend 0.21.0rc1 is built on vLLM v0.21.0" in why and "add the component" in why
+    assert matching_release("vllm_ascend", "0.40.0", downloads) == (None, [])
+    assert "no release near vLLM 0.40.0" in left_out_reason("vllm_ascend", "0.40.0", [])
+    (downloads / "vllm_ascend-0.22.1rc1.tar.gz").write_bytes(b"not the index's file")
+    assert matching_release("vllm_ascend", "0.22.1", downloads)[0] == "0.22.1rc1"
+    assert fetched[-1] == "vllm_ascend-0.22.1rc1.tar.gz" and len(fetched) == 6
 
 
 def test_render_target_round_trips_every_shipped_target():
@@ -209,8 +275,10 @@ def module_cache(tmp_path_factory) -> Cache:
     the release sdists the user cache holds (downloaded there once)."""
     cache = Cache(tmp_path_factory.mktemp("target-add-cache"))
     user = default_cache_dir() / "downloads"
-    for name in ("vllm-0.20.2.tar.gz", "vllm-0.21.0.tar.gz", "vllm-0.22.0.tar.gz", "vllm_ascend-0.20.2rc1.tar.gz",
-                 "vllm_ascend-0.21.0rc1.tar.gz"):
+    for name in ("vllm-0.20.2.tar.gz", "vllm-0.21.0.tar.gz", "vllm-0.22.0.tar.gz", "vllm-0.22.1.tar.gz",
+                 "vllm_ascend-0.20.2rc1.tar.gz",
+                 "vllm_ascend-0.21.0rc1.tar.gz", "vllm_ascend-0.22.1rc1.tar.gz", "vllm_ascend-0.23.0rc1.tar.gz",
+                 "vllm_ascend-0.23.0.tar.gz", "vllm_ascend-0.23.0.post1.tar.gz"):
         if (user / name).is_file():
             shutil.copy2(user / name, cache.downloads / name)
     return cache
@@ -263,8 +331,9 @@ def test_add_0220_stops_at_the_swa_mask_conflict_then_continues(copy_project, re
     verdicts = {p["name"]: p["verdict"] for p in vllm["patches"]}
     assert verdicts["0002-swa-reachable-cache-mask.patch"] == "conflict" and "upstream" not in verdicts.values()
     ascend = data["components"][1]
-    assert ascend["name"] == "vllm-ascend" and "no release for vLLM 0.22.0" in ascend["left_out"]
-    assert "0.22.1rc1" in ascend["left_out"]
+    assert ascend["name"] == "vllm-ascend"  # none of its releases near 0.22.0 is built on it (their Dockerfiles)
+    assert "vllm_ascend 0.22.1rc1 is built on vLLM v0.22.1 (its Dockerfile's VLLM_TAG), not 0.22.0" \
+        in ascend["left_out"]
     assert snapshot(copy_project) == before  # nothing in targets/ or patches/
     r = kvforge("target", "add", "--abort")
     assert r.exit_code == 0 and "as they were" in r.output and snapshot(copy_project) == before
@@ -310,31 +379,54 @@ def test_add_0220_stops_at_the_swa_mask_conflict_then_continues(copy_project, re
 
 
 @pytest.mark.slow
-def test_add_0210_follows_vllm_ascend_0210rc1(copy_project, real_cache):
+def test_add_0210_leaves_out_vllm_ascend_built_on_0221(copy_project, real_cache):
     """Done-when: `target add 0.21.0`: vLLM's series carries onto 0.21.0 (wheels: the re-released build 1,
-    manylinux_2_24), vllm-ascend follows 0.21.0rc1 (releases/v0.21.0rc); its series conflicts there (resolved
-    mechanically here); the result lints, applies (both components) and is in the matrix."""
+    manylinux_2_24); vllm-ascend is left out: vllm_ascend 0.21.0rc1 is named like 0.21.0 but its sdist's
+    Dockerfile builds on vLLM v0.22.1 (0.21.0 lacks the fused_moe.expert_map_manager it imports), and no other
+    release near it builds on v0.21.0. The target lints, applies and is in the matrix."""
     r = run_kvforge("target", "add", "0.21.0", "--json")
-    data, stops = drive(r, "v0.21.0", "theirs")
-    assert stops[0] == ("vllm-ascend", "0001-ascend-dsv4-compressed-prefix-lookup.patch")
-    assert {c for c, _p in stops} == {"vllm-ascend"}  # vLLM's series carries onto 0.21.0 without a stop
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
     vllm, ascend = data["components"]
     assert [p["verdict"] for p in vllm["patches"]] == ["carried"] * 5
-    assert ascend["version"] == "0.21.0rc1" and ascend["ref"] == "releases/v0.21.0rc"
-    assert ascend["upstream_commit"] == "35d600725"
+    assert ascend["name"] == "vllm-ascend" and ascend["version"] is None
+    assert ("vllm_ascend 0.21.0rc1 is built on vLLM v0.22.1 (its Dockerfile's VLLM_TAG), not 0.21.0"
+            in ascend["left_out"])
+    assert "vllm_ascend 0.20.2rc1 is built on vLLM v0.20.2" in ascend["left_out"]
     target = tomllib.loads((copy_project / "targets" / "v0.21.0.toml").read_text())
-    v, a = target["components"]
-    assert [w["filename"] for w in v["wheels"]] == ["vllm-0.21.0-1-cp38-abi3-manylinux_2_24_aarch64.whl",
-                                                    "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"]
-    assert a["series"] == "patches/v0.21.0-vllm-ascend" and a["requires"] == "vllm"
-    assert sorted(w["filename"].endswith("_x86_64.whl") for w in a["wheels"]) == [False, True]
-    assert all(w["filename"].startswith("vllm_ascend-0.21.0rc1-") for w in a["wheels"])
+    assert [c["name"] for c in target["components"]] == ["vllm"]
+    assert [w["filename"] for w in target["components"][0]["wheels"]] == [
+        "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_aarch64.whl", "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"]
+    text = (copy_project / "targets" / "v0.21.0.toml").read_text()
+    assert "vllm-ascend is left out: vllm_ascend 0.22.1rc1 is built on vLLM v0.22.1" in text
+    assert not (copy_project / "patches" / "v0.21.0-vllm-ascend").exists()
     assert kvforge("lint", "-t", "v0.21.0").exit_code == 0
     r = kvforge("matrix")
-    assert r.exit_code == 0 and "build-v0_21_0-vllm-ascend" in r.output
+    assert r.exit_code == 0 and "v0_21_0" in r.output and "build-v0_21_0-vllm-ascend" not in r.output
     r = run_kvforge("apply", "-t", "v0.21.0", "--json", cwd=copy_project.parent)
     assert r.returncode == 0, r.stderr
-    assert (copy_project.parent / "vllm-v0.21.0").is_dir() and (copy_project.parent / "vllm-ascend-v0.21.0").is_dir()
+    assert (copy_project.parent / "vllm-v0.21.0").is_dir()
+    assert not (copy_project.parent / "vllm-ascend-v0.21.0").exists()
+
+
+@pytest.mark.slow
+def test_add_0221_dry_run_pairs_vllm_ascend_0221rc1(copy_project, real_cache):
+    """vLLM 0.22.1 pairs with vllm_ascend 0.22.1rc1, the newest release whose sdist's Dockerfile says
+    VLLM_TAG=v0.22.1 (0.23.0* say v0.23.0: reported); --dry-run plans both components and writes nothing."""
+    before = snapshot(copy_project)
+    r = run_kvforge("target", "add", "0.22.1", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["state"] == "planned" and snapshot(copy_project) == before
+    vllm, ascend = data["components"]
+    assert vllm["version"] == "0.22.1" and vllm["sha256"].startswith("cd34902729f3")
+    assert ascend["version"] == "0.22.1rc1" and ascend["ref"] == "releases/v0.22.1rc" and not ascend["left_out"]
+    assert ascend["sha256"] == "8b2dc4585ec4f92332afa00dc301f5fbc669904366959a02dce81603a4351d56"
+    assert all(w["filename"].startswith("vllm_ascend-0.22.1rc1-") for w in ascend["wheels"]) and ascend["wheels"]
+    series = (REPO_ROOT / "patches" / "v0.20.2rc-vllm-ascend" / "series").read_text().splitlines()
+    assert [p["name"] for p in ascend["patches"]] == [ln for ln in series if ln and not ln.startswith("#")]
+    assert "vllm-ascend: vllm_ascend 0.23.0 is built on vLLM v0.23.0 (its Dockerfile's VLLM_TAG), not 0.22.1" \
+        in data["notes"]
 
 
 @pytest.mark.slow

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+import tarfile
+import urllib.parse
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from .. import gitutil
-from ..bases import pypi_url, release_files, release_versions
+from ..bases import download_pinned, pypi_url, release_files, release_versions
 from ..build import choose_wheels
-from ..context import Context
+from ..context import Context, Progress, quiet
 from ..errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from ..fsutil import sha256_file
 from ..targets import Component, Release, WheelPin
@@ -124,22 +127,97 @@ def release_pins(package: str, version: str) -> ReleasePins | None:
     return ReleasePins(package, version, sha.lower(), wheels, index)
 
 
-def matching_release(package: str, vllm_version: str) -> tuple[str | None, list[str]]:
-    """The release of `package` (vllm_ascend) made for vLLM `vllm_version`: the newest one whose X.Y.Z is that
-    version (0.21.0 -> 0.21.0rc1; a final release over its candidates). (None, the index's nearby versions) when
-    there is none (0.22.0: vllm-ascend skipped it and released 0.22.1rc1)."""
-    want = Version(vllm_version).release
+DOCKERFILE_ARG_RE = re.compile(r"^\s*ARG\s+(VLLM_TAG|VLLM_COMMIT)\s*=\s*[\"']?([^\"'\s]*)", re.M)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One release of a component looked at for a vLLM version, and the vLLM its sdist's Dockerfile builds on
+    (`ARG VLLM_TAG=v0.22.1`; a non-empty `ARG VLLM_COMMIT` pins a commit instead: not a release)."""
+
+    version: str
+    vllm_tag: str | None  # "v0.22.1"; None: the Dockerfile names no tag (or pins a commit)
+    built_on: str  # for the reason a component is left out: "vLLM v0.22.1 (its Dockerfile's VLLM_TAG)"
+
+
+def dockerfile_vllm(text: str) -> tuple[str | None, str]:
+    """(VLLM_TAG, what it says) of a vllm-ascend Dockerfile: its images and CI build on that vLLM tag. A
+    non-empty VLLM_COMMIT wins over the tag in the Dockerfile's own RUN, so it is a commit, not a release."""
+    args = dict(DOCKERFILE_ARG_RE.findall(text))
+    if args.get("VLLM_COMMIT"):
+        return None, f"vLLM commit {args['VLLM_COMMIT'][:12]} (its Dockerfile's VLLM_COMMIT), not a release"
+    if args.get("VLLM_TAG"):
+        return args["VLLM_TAG"], f"vLLM {args['VLLM_TAG']} (its Dockerfile's VLLM_TAG)"
+    return None, "no vLLM its Dockerfile names (no ARG VLLM_TAG)"
+
+
+def sdist_dockerfile(path: Path) -> str | None:
+    """The top-level Dockerfile of an sdist, read from the tarball as a stream (nothing extracted); None if
+    it has none. A damaged archive is KvforgeError exit 6 (it came from the index)."""
+    try:
+        with tarfile.open(path, "r|gz") as tar:
+            for m in tar:
+                parts = m.name.split("/")
+                if len(parts) == 2 and parts[1] == "Dockerfile" and m.isfile():
+                    f = tar.extractfile(m)
+                    return f.read().decode("utf-8", "replace") if f else None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise KvforgeError(f"{path}: not a readable sdist ({exc})", EXIT_NETWORK) from None
+    return None
+
+
+def fetch_sdist(package: str, version: str, downloads: Path, say: Progress) -> Path | None:
+    """The sdist of `package`==`version` in the cache's downloads/, downloaded once and checked against the
+    index's sha256 (a cached copy is checked too); None when the index lists no sdist of it."""
+    index, files = release_files(package, version)
+    rel = Release(package, version)
+    for f in files:
+        if f.get("packagetype") != "sdist" or f.get("filename") != rel.filename or not isinstance(f.get("url"), str):
+            continue
+        sha = _sha_of(files, rel.filename)
+        dest = downloads / rel.filename
+        if dest.is_file() and (sha is None or sha256_file(dest) == sha):
+            return dest
+        size = f.get("size")
+        return download_pinned(urllib.parse.urljoin(index, f["url"]), dest, size if isinstance(size, int) else 0,
+                               sha, say)
+    return None
+
+
+def matching_release(package: str, vllm_version: str, downloads: Path,
+                     say: Progress = quiet) -> tuple[str | None, list[Candidate]]:
+    """The release of `package` (vllm_ascend) built on vLLM `vllm_version`: the newest one whose sdist's
+    Dockerfile says `ARG VLLM_TAG=v<vllm_version>` (what its images and CI build on; its version name does not
+    tell: vllm_ascend 0.21.0rc1 is built on vLLM v0.22.1). Candidates: its releases of the vLLM minor version,
+    the one before and the one after (0.21.x for 0.21.0: 0.20.x-0.22.x), no dev releases; each sdist is
+    downloaded once into `downloads` (sha256-checked). (None, the candidates and what each is built on) when
+    none matches."""
+    want = Version(vllm_version)
+    major, minor = want.release[:2]
     versions = []
     for v in release_versions(package):
         try:
-            versions.append(Version(v))
+            parsed = Version(v)
         except InvalidVersion:
             continue
-    same = sorted(v for v in versions if v.release == want and not v.is_devrelease)
-    if same:
-        return str(same[-1]), []
-    near = sorted(v for v in versions if v.release[:2] == want[:2])
-    return None, [str(v) for v in near]
+        if parsed.release[:1] == (major,) and len(parsed.release) > 1 and abs(parsed.release[1] - minor) <= 1 \
+                and not parsed.is_devrelease:
+            versions.append(parsed)
+    looked: list[Candidate] = []
+    for cand in sorted(versions, reverse=True):
+        say(f"{package} {cand}: which vLLM its Dockerfile builds on")
+        sdist = fetch_sdist(package, str(cand), downloads, say)
+        text = sdist_dockerfile(sdist) if sdist is not None else None
+        if sdist is None:
+            tag, built_on = None, "no sdist on the package index"
+        elif text is None:
+            tag, built_on = None, "no Dockerfile in its sdist"
+        else:
+            tag, built_on = dockerfile_vllm(text)
+        looked.append(Candidate(str(cand), tag, built_on))
+        if tag == f"v{vllm_version}":
+            return str(cand), looked
+    return None, looked
 
 
 def release_ref(package: str, version: str) -> str:
