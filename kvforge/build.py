@@ -1338,7 +1338,7 @@ def wheels_to_build(ctx, arch: str | None) -> list[tuple[WheelPin, bool]]:
     """[(release wheel, pinned)] for --arch: none given, the component's x86_64 pins (vLLM's one, or
     vllm_ascend's per Python); `all`, every pin; an architecture, its pins. An architecture the target pins
     no wheel for (a target written before it had pins, or by an older `rebase --as`) takes the index's
-    choice (choose_wheels: that release's wheel with the highest build number), reported as not pinned."""
+    choice (choose_wheels: that release's first upload), reported as not pinned."""
     comp = ctx.component
     arches = list(ARCHES) if arch == "all" else [arch or "x86_64"]
     out: list[tuple[WheelPin, bool]] = []

@@ -264,7 +264,7 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
 
     \b
     - vLLM's PyPI sdist pinned by sha256, its upstream commit (from _version.py), its
-      release wheels per architecture (highest build number) as [[components.wheels]];
+      release wheels per architecture (the first upload: the one built from the sdist's commit) as [[components.wheels]];
     - each further component (vllm-ascend) follows its release built on VERSION: the
       newest whose sdist's Dockerfile says ARG VLLM_TAG=vVERSION (0.22.1 -> vllm_ascend
       0.22.1rc1, branch releases/v0.22.1rc), pinned the same way, or is left out with

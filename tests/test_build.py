@@ -608,7 +608,7 @@ def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, t
 
 @pytest.mark.slow
 def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_list():
-    """PyPI's real file lists: vLLM 0.20.2 (manylinux_2_35), 0.21.0 (manylinux_2_24, re-released as build 1
+    """PyPI's real file lists: vLLM 0.20.2 (manylinux_2_35), 0.21.0 (manylinux_2_24, re-released as build 1 from another commit: the first upload is chosen
     beside the first upload) and 0.22.0 (manylinux_2_28): one pin per architecture, never by the previous
     release's file name."""
     got = {v: kbuild.choose_wheels("vllm", v) for v in ("0.20.2", "0.21.0", "0.22.0")}
@@ -616,7 +616,40 @@ def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_
     assert got["0.20.2"]["x86_64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
     assert got["0.20.2"]["x86_64"].sha256 == "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"
     assert got["0.20.2"]["aarch64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_aarch64.whl"
-    assert got["0.21.0"]["x86_64"].filename == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"
-    assert got["0.21.0"]["aarch64"].filename == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_aarch64.whl"
+    assert got["0.21.0"]["x86_64"].filename == "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl"
+    assert got["0.21.0"]["aarch64"].filename == "vllm-0.21.0-cp38-abi3-manylinux_2_24_aarch64.whl"
     assert all("manylinux_2_28" in p.filename for p in got["0.22.0"].values())
     assert all(len(p.sha256) == 64 for v in got.values() for p in v.values())
+
+
+def _version_wheel(path: Path, commit: str | None) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("vllm/__init__.py", "")
+        if commit is not None:
+            z.writestr("vllm/_version.py", f"__version__ = '0.21.0'\n__commit_id__ = commit_id = 'g{commit}'\n")
+    return path
+
+
+@pytest.mark.parametrize("wheel_commit, base_commit, refused", [
+    ("ad7125a43", "9da56fd18", True),  # 0.21.0-1's wheel on 0.21.0's sdist: another commit
+    ("9da56fd18", "9da56fd18", False),
+    ("9da56fd18", "9da56fd18c0ffee0000000000000000000000000", False),  # a git base: its full commit
+    (None, "9da56fd18", False),  # a wheel that records no commit: nothing to compare
+    ("9da56fd18", None, False),  # a base of unknown commit
+])
+def test_an_overlay_never_sits_on_a_wheel_of_another_commit(tmp_path, wheel_commit, base_commit, refused):
+    from kvforge.bases import Base
+    from kvforge.errors import KvforgeError
+    from kvforge.targets import WheelPin
+    from kvforge.wheel import read_members
+
+    wheel = _version_wheel(tmp_path / "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl", wheel_commit)
+    base = Base("vllm", "sdist", tmp_path, "v0.21.0", "0" * 40, "vllm-0.21.0.tar.gz", upstream_commit=base_commit)
+    pin = WheelPin(wheel.name, "0" * 64)
+    if not refused:
+        kbuild.check_same_commit(wheel, read_members(wheel), "vllm", base, pin)
+        return
+    with pytest.raises(KvforgeError) as info:
+        kbuild.check_same_commit(wheel, read_members(wheel), "vllm", base, pin)
+    assert info.value.exit_code == 2
+    assert "built from upstream commit ad7125a43, the base v0.21.0 from 9da56fd18" in str(info.value)

@@ -128,9 +128,9 @@ def test_pins_and_matching_release_from_the_index(local_index):
 
     pins = release_pins("vllm", "0.21.0")
     assert pins is not None and pins.sha256 == hashlib.sha256(b"vllm-0.21.0.tar.gz").hexdigest()
-    # the re-released build 1 wins for x86_64; aarch64 has only the first upload
+    # the first upload, not the re-released build 1 (PyPI's vLLM rebuilds come from another commit)
     assert [w.filename for w in pins.wheels] == ["vllm-0.21.0-cp38-abi3-manylinux_2_24_aarch64.whl",
-                                                 "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"]
+                                                 "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl"]
     assert release_pins("vllm", "9.9.9") is None
     assert release_ref("vllm_ascend", "0.21.0rc2") == "releases/v0.21.0rc"
     assert release_ref("vllm", "0.21.0") == "v0.21.0"
@@ -207,7 +207,8 @@ def test_retarget_text_replaces_every_wheel_table():
     for doc, want in ((out, [p[0] for p in pins]), (again, ["vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl"])):
         data = tomllib.loads(doc)
         assert [w["filename"] for w in data["components"][0]["wheels"]] == want
-        assert "wheel" not in data["components"][0] and "wheels" not in data["components"][1]
+        assert "wheel" not in data["components"][0]
+        assert data["components"][1]["wheels"] == tomllib.loads(text)["components"][1]["wheels"]  # vllm-ascend's own
 
 
 @pytest.mark.parametrize("args, exit_code, words", [
@@ -380,8 +381,8 @@ def test_add_0220_stops_at_the_swa_mask_conflict_then_continues(copy_project, re
 
 @pytest.mark.slow
 def test_add_0210_leaves_out_vllm_ascend_built_on_0221(copy_project, real_cache):
-    """Done-when: `target add 0.21.0`: vLLM's series carries onto 0.21.0 (wheels: the re-released build 1,
-    manylinux_2_24); vllm-ascend is left out: vllm_ascend 0.21.0rc1 is named like 0.21.0 but its sdist's
+    """Done-when: `target add 0.21.0`: vLLM's series carries onto 0.21.0 (wheels: the first upload,
+    manylinux_2_24, built from the sdist's commit; not the `-1-` rebuild); vllm-ascend is left out: vllm_ascend 0.21.0rc1 is named like 0.21.0 but its sdist's
     Dockerfile builds on vLLM v0.22.1 (0.21.0 lacks the fused_moe.expert_map_manager it imports), and no other
     release near it builds on v0.21.0. The target lints, applies and is in the matrix."""
     r = run_kvforge("target", "add", "0.21.0", "--json")
@@ -396,7 +397,7 @@ def test_add_0210_leaves_out_vllm_ascend_built_on_0221(copy_project, real_cache)
     target = tomllib.loads((copy_project / "targets" / "v0.21.0.toml").read_text())
     assert [c["name"] for c in target["components"]] == ["vllm"]
     assert [w["filename"] for w in target["components"][0]["wheels"]] == [
-        "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_aarch64.whl", "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"]
+        "vllm-0.21.0-cp38-abi3-manylinux_2_24_aarch64.whl", "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl"]
     text = (copy_project / "targets" / "v0.21.0.toml").read_text()
     assert "vllm-ascend is left out: vllm_ascend 0.22.1rc1 is built on vLLM v0.22.1" in text
     assert not (copy_project / "patches" / "v0.21.0-vllm-ascend").exists()

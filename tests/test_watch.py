@@ -258,7 +258,7 @@ def test_watch_real_releases_agree_with_upstream_truth(real_files, tmp_path):
     served by the index and downloaded, sha256-checked). docs/upstream-truth.md: 0.21.0 has none of the fixes
     (all carried, clean); 0.22.0 has only half of swa-reachable-cache-mask: never dropped, it conflicts;
     0.33.0 has 0001/0002/0004/0005 (dropped on their Drop-When) and not kv-events-token-ids (conflict).
-    The wheels are the real ones (0.21.0's re-released -1- manylinux_2_24). Nothing in the project is written."""
+    The wheels are the real ones (0.21.0's first upload, manylinux_2_24, not its -1- rebuild from another commit). Nothing in the project is written."""
     root = project_copy(tmp_path / "project")
     before = files_of(root)
     env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(tmp_path / "cache")}
@@ -289,10 +289,10 @@ def test_watch_real_releases_agree_with_upstream_truth(real_files, tmp_path):
           for r in doc["releases"]}
     assert dw["0.22.0"]["swa-reachable-cache-mask"] == "not met" and dw["0.33.0"]["two-phase-kv-alloc"] == "met"
     assert dw["0.33.0"]["kv-events-token-ids"] == "cannot tell"
-    assert doc["releases"][0]["wheels"]["x86_64"]["filename"] == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl"
+    assert doc["releases"][0]["wheels"]["x86_64"]["filename"] == "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl"
     assert doc["releases"][0]["wheels"]["x86_64"]["sha256"] == next(
         f["digests"]["sha256"] for f in INDEX["vllm"]["releases"]["0.21.0"]
-        if f["filename"] == "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl")
+        if f["filename"] == "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl")
     assert doc["releases"][1]["title"] == "kvforge watch: vllm 0.22.0"
     assert "<!-- kvforge-watch: vllm 0.22.0 -->" in doc["releases"][1]["markdown"]
     assert md.returncode == 3 and "| 2 | `0002-swa-reachable-cache-mask.patch` | **conflict** |" in md.stdout

@@ -140,8 +140,8 @@ def selection_comments(comp: Component, report: Mapping[str, Mapping[str, Any]],
         "release": ["The PyPI sdist, pinned by the sha256 the package index lists"
                     + (f"; built from upstream commit {upstream_commit} (its {package_of(comp)}/_version.py)."
                        if upstream_commit else ".")],
-        "wheels": ["The release wheels `kvforge build` overlays, one per architecture (the highest build",
-                   "number on the package index), pinned by sha256."]}
+        "wheels": ["The release wheels `kvforge build` overlays, one per architecture (the first upload on the",
+                   "package index, built from the sdist's commit), pinned by sha256."]}
     for plat, r in report.items():
         lines = [f"From {from_target}, kept where the path exists in {comp.release.version}."]
         if r.get("dropped"):
