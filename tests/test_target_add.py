@@ -450,3 +450,26 @@ def test_first_target_in_a_project_without_targets(tmp_path, monkeypatch, real_c
     assert kvforge("lint").exit_code == 0 and kvforge("matrix").exit_code == 0
     r = run_kvforge("apply", "-t", "v0.21.0", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_an_in_place_rebase_comments_out_the_selectors_the_new_release_lacks(tmp_path):
+    """vLLM 0.22.0 has no tests/v1/kv_connector/unit/test_backwards_compatibility.py: the rebased v0.20.2rc keeps
+    it as a comment saying why (verify of the rebased target would stop on it), vllm-ascend's list is untouched."""
+    from kvforge.rebase.retarget import comment_out_selectors
+    from kvforge.targets import parse_target
+
+    gone = "tests/v1/kv_connector/unit/test_backwards_compatibility.py"
+    text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
+    out = comment_out_selectors(text, 0, [gone], "v0.22.0")
+    assert f'    # not in v0.22.0 (kvforge rebase dropped it): "{gone}"\n' in out
+    assert [ln for ln in out.splitlines() if ln not in text.splitlines()] == [
+        f'    # not in v0.22.0 (kvforge rebase dropped it): "{gone}"']
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "targets" / "v0.20.2rc.toml").write_text(out)
+    for d in ("patches/v0.20.2rc", "patches/v0.20.2rc-vllm-ascend"):
+        (tmp_path / d).mkdir(parents=True)
+    new = parse_target(tmp_path / "targets" / "v0.20.2rc.toml", tmp_path)
+    old = parse_target(REPO_ROOT / "targets" / "v0.20.2rc.toml", REPO_ROOT)
+    assert list(new.component("vllm").tests["cpu"]) == [s for s in old.component("vllm").tests["cpu"] if s != gone]
+    assert new.component("vllm-ascend").tests == old.component("vllm-ascend").tests
+    assert comment_out_selectors(text, 1, [gone], "v0.22.0") == text  # another component's list: untouched

@@ -22,6 +22,7 @@ from .state import Plan, State
 
 HEADER_RE = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?$")
 STRING_RE = re.compile(r'^(\s*)([A-Za-z0-9_-]+)(\s*=\s*)"((?:[^"\\]|\\.)*)"(.*)$')
+SELECTOR_RE = re.compile(r'^(\s*)("(?:[^"\\]|\\.)*"),?\s*(#.*)?$')  # one array element on its own line
 
 
 def new_target_text(plan: Plan, ctx: Context, st: State | None = None) -> str:
@@ -39,6 +40,13 @@ def new_target_text(plan: Plan, ctx: Context, st: State | None = None) -> str:
         text, comp_index, ref=plan.onto_ref, version=plan.onto_version, sha256=plan.sha256,
         wheel=plan.wheel, old_version=ctx.component.release.version,
         wheels=[(w.filename, w.sha256) for w in wheels] if wheels else None)
+    have = tree_paths(plan.repo, plan.new_base)
+    missing = sorted({s for sel in ctx.component.tests.values() for s in sel
+                      if s.split("::", 1)[0].rstrip("/") not in have})
+    if missing:
+        out = comment_out_selectors(out, comp_index, missing, plan.onto_ref)
+        notes.append(f"tests: dropped (not in {plan.onto_ref}; left as comments in the target file): "
+                     f"{', '.join(missing)}")
     with tempfile.TemporaryDirectory(prefix="kvforge-rebase-") as d:
         probe = Path(d) / f"{plan.new_target}.toml"
         probe.write_text(out, encoding="utf-8")
@@ -164,6 +172,25 @@ def selection_comments(comp: Component, report: Mapping[str, Mapping[str, Any]],
         out["component"] = [f"{comp.release.package} {comp.release.version} (its branch {comp.ref}), built on "
                             f"{comp.requires} of this target."]
     return out
+
+
+def comment_out_selectors(text: str, comp_index: int, missing: Sequence[str], ref: str) -> str:
+    """The target file with each selector line of component `comp_index`'s [components.tests] that names one of
+    `missing` (one quoted path per line, as kvforge writes them) turned into a comment saying why; every other
+    line as it was."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    section, comp = "", -1
+    for line in lines:
+        h = HEADER_RE.match(line.rstrip("\n"))
+        if h:
+            section = h.group(2)
+            comp += section == "components" and h.group(1) == "[["
+        m = SELECTOR_RE.match(line)
+        if m and comp == comp_index and section == "components.tests" and json.loads(m.group(2)) in missing:
+            line = f"{m.group(1)}# not in {ref} (kvforge rebase dropped it): {m.group(2)}\n"
+        out.append(line)
+    return "".join(out)
 
 
 def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, sha256: str | None,
