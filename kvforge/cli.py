@@ -801,10 +801,13 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
 @click.option("--source", type=click.Choice(["auto", "git", "sdist"]), default="sdist", show_default=True,
               help="Where each new base comes from: the release's PyPI sdist (cached), or git (auto: a cached or "
                    "reachable upstream clone first).")
+@click.option("--apply", "apply", is_flag=True,
+              help="For each new vLLM release that is clean for every target moving to it and that no target has "
+                   "yet: `kvforge target add VERSION` (writes targets/ and patches/; stops at the first that stops).")
 @json_option
 @click.pass_obj
 @handle_errors
-def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fmt: str, source: str,
+def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fmt: str, source: str, apply: bool,
               as_json: bool) -> None:
     """New vLLM / vllm-ascend releases against every maintained target: what a rebase onto each would do.
 
@@ -824,7 +827,7 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
     """
     from . import watch
 
-    finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress),
+    finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress, apply),
            as_json or fmt == "json")
 
 

@@ -9,7 +9,12 @@ Not owned here: the rebase (kvforge.rebase, called with dry_run=True: it writes 
 patches/ or targets/), the signals and Drop-When (kvforge.upstream, read from the rebase's steps), the
 wheel choice (kvforge.build.choose_wheels), the downloads (kvforge.bases: cached, sha256-checked).
 
-Invariants: writes nothing in the project; targets with `lifecycle = "eol"` are never watched; every
+`--apply` (`apply=True`): for each new vLLM release that is clean for every target moving to it and that no
+target has yet, `kvforge target add VERSION --from T` (kvforge.targetadd; T: the newest watched target it is clean for): the
+one write watch makes, all or nothing per target; a target add that stops (a conflict in another component's
+series) ends the applying (exit 3), its state resumable with `kvforge target add --continue`.
+
+Invariants: without --apply, writes nothing in the project; targets with `lifecycle = "eol"` are never watched; every
 (target, component, release) gets a row, and a failure of one (a download, a rebase of that target in
 progress) is that row's error, never the end of the run. Status and exit code: "nothing-new" (0), "clean"
 (0: every new release carries or drops every patch and has the wheels the target pins), "attention" (3: a
@@ -36,6 +41,7 @@ from .errors import EXIT_APPLY, EXIT_NETWORK, EXIT_OK, EXIT_USAGE, KvforgeError
 from .rebase import RebaseResult
 from .rebase.command import rebase
 from .report import table
+from .targetadd import TargetAddResult, add
 from .targets import Component, Target, load_all, load_target
 
 FORMATS = ("table", "json", "markdown")
@@ -252,6 +258,7 @@ class WatchResult:
     skipped: list[str] = field(default_factory=list)  # eol targets left out
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    applied: list[TargetAddResult] | None = None  # --apply: the target adds run, in order
 
     @property
     def status(self) -> str:
@@ -261,6 +268,8 @@ class WatchResult:
 
     @property
     def exit_code(self) -> int:
+        if any(a.state == "stopped" for a in self.applied or ()):
+            return EXIT_APPLY
         if self.status != "attention":
             return EXIT_OK
         codes = [c.exit for r in self.releases for c in r.checks if c.error]
@@ -268,6 +277,9 @@ class WatchResult:
 
     @property
     def error(self) -> str | None:
+        stopped = next((a for a in self.applied or () if a.state == "stopped"), None)
+        if stopped is not None:
+            return f"--apply: target add {stopped.name} stopped: {stopped.message}"
         if self.status != "attention":
             return None
         bad = [f"{r.package} {r.version}" for r in self.releases if r.status != "clean"]
@@ -276,10 +288,16 @@ class WatchResult:
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "index": self.index, "since": self.since, "watched": self.watched,
                 "skipped": self.skipped, "releases": [r.to_json() for r in self.releases],
+                "applied": None if self.applied is None else [a.to_json() for a in self.applied],
                 "seconds": round(self.seconds, 3)}
 
     def render(self) -> str:
-        return self.markdown() if self.fmt == "markdown" else self.text()
+        text = self.markdown() if self.fmt == "markdown" else self.text()
+        if self.applied is not None:
+            done = [f"{a.name} ({a.state})" for a in self.applied]
+            text += "\n\n--apply: " + (f"target add: {', '.join(done)}" if done else
+                                        "no new vLLM release is clean for every target moving to it: nothing added")
+        return text
 
     def _headline(self) -> str:
         watched = ", ".join(f"{w['target']}/{w['component']} ({w['package']} {w['base']})" for w in self.watched)
@@ -346,7 +364,8 @@ def _watched(targets: list[Target]) -> list[tuple[Target, Component]]:
 
 
 def watch(cache: Cache, target_names: tuple[str, ...] = (), since: str | None = None, fmt: str = "table",
-          source: str = "sdist", progress: Callable[[str], None] = lambda _m: None) -> WatchResult:
+          source: str = "sdist", progress: Callable[[str], None] = lambda _m: None,
+          apply: bool = False) -> WatchResult:
     """The CLI's one call (see the module docstring)."""
     start = time.monotonic()
     if fmt not in FORMATS:
@@ -395,7 +414,30 @@ def watch(cache: Cache, target_names: tuple[str, ...] = (), since: str | None = 
     ordered = sorted(reports.values(), key=lambda x: (x.package, Version(x.version)))
     watched = [{"target": t.name, "component": c.name, "package": c.release.package, "base": c.release.version}
                for t, c in pairs]
-    return WatchResult(pypi_url(), since, watched, ordered, fmt, skipped, time.monotonic() - start, notes)
+    result = WatchResult(pypi_url(), since, watched, ordered, fmt, skipped, time.monotonic() - start, notes)
+    if apply:
+        result.applied = apply_clean(cache, result, progress)
+        result.seconds = time.monotonic() - start
+    return result
+
+
+def apply_clean(cache: Cache, result: WatchResult, progress: Callable[[str], None]) -> list[TargetAddResult]:
+    """--apply: `target add` for each clean new vLLM release no target has yet, oldest first; the first one
+    that stops ends it (its state is resumable). vllm-ascend releases are not added on their own: a target
+    follows vLLM, and target add pairs the vllm-ascend release built on it."""
+    have = {c.release.version for t in load_all() for c in t.components if c.release.package == "vllm"}
+    done: list[TargetAddResult] = []
+    for r in result.releases:
+        if r.package != "vllm" or r.status != "clean" or r.version in have or not r.checks:
+            continue
+        # from the newest of the targets this release is clean for (the one the fewest releases away)
+        src = max(r.checks, key=lambda c: Version(c.from_version)).target
+        progress(f"watch --apply: kvforge target add {r.version} --from {src}")
+        added = add(cache, r.version, from_target=src, progress=progress)
+        done.append(added)
+        if added.state == "stopped":
+            break
+    return done
 
 
 def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseReport, source: str,

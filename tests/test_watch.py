@@ -379,3 +379,33 @@ def test_scheduled_workflow_keeps_one_issue_per_release(real_files, tmp_path, mo
     assert calls[5]["args"][2] == "8"
     summary = (Path(str(runs[1]["workspace"]) + ".temp") / "summary").read_text()
     assert "# kvforge watch: clean" in summary and "## vllm 0.21.0: all clean" in summary
+
+
+@pytest.mark.slow
+def test_watch_apply_adds_the_clean_release_as_a_target(real_files, tmp_path):
+    """--apply against the same local index, watching v0.20.1: 0.21.0 is clean (every patch carried) and becomes
+    target v0.21.0 through target add (from v0.20.1); 0.22.0 and 0.33.0 need attention and are not added."""
+    root = project_copy(tmp_path / "project")
+    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(tmp_path / "cache")}
+    for k in ("KVFORGE_OFFLINE", "KVFORGE_VLLM_REPO", "KVFORGE_CRASH_AT"):
+        env.pop(k, None)
+    with serve_index(INDEX, real_files) as url:
+        env["KVFORGE_PYPI_URL"] = url
+        res = subprocess.run([sys.executable, "-m", "kvforge.cli", "watch", "-t", "v0.20.1", "--apply", "--json"],
+                             env=env, capture_output=True, text=True, timeout=1800)
+        doc = json.loads(res.stdout)
+        assert res.returncode == 3, res.stderr[-3000:]  # 0.22.0 and 0.33.0 still need attention
+        assert [(r["version"], r["status"]) for r in doc["releases"] if r["package"] == "vllm"][:1] == \
+            [("0.21.0", "clean")]
+        (added,) = doc["applied"]
+        assert (added["name"], added["state"], added["from_target"]) == ("v0.21.0", "done", "v0.20.1")
+        target = (root / "targets" / "v0.21.0.toml").read_text()
+        assert 'version = "0.21.0"' in target and "vllm-0.21.0-cp38-abi3-manylinux_2_24_x86_64.whl" in target
+        assert (root / "patches" / "v0.21.0" / "series").read_text().split() == \
+            (root / "patches" / "v0.20.1" / "series").read_text().split()
+        lint = subprocess.run([sys.executable, "-m", "kvforge.cli", "lint"], env=env, capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        # again: the release has its target now, nothing more is added
+        again = subprocess.run([sys.executable, "-m", "kvforge.cli", "watch", "-t", "v0.20.1", "--apply", "--json"],
+                               env=env, capture_output=True, text=True, timeout=1800)
+        assert json.loads(again.stdout)["applied"] == []
