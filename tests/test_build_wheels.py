@@ -87,9 +87,7 @@ def test_aarch64_and_vllm_ascend_overlays_are_reproducible_and_checked(tmp_path)
         assert v["record"]["checked"] > 1000 and v["record"]["compiled"]["equal"] == v["record"]["compiled"]["files"] > 0
         assert v["record"]["metadata"]["version"] == b["local_version"] and "+kvforge.v0.20.2rc." in b["local_version"]
         assert v["modules"]["equal"], name  # every patched module installed equals the patched tree's
-        # vLLM's aarch64 wheel is not pinned in the shipped target (rebase rewrites only [components.wheel]):
-        # the index's choice of the pinned x86_64 wheel's upload, said so
-        assert b["pinned"] == b["upstream"]["pinned"] == (name != vllm_arm), name
+        assert b["pinned"] is True and b["upstream"]["pinned"] is True, name  # every wheel pinned in the target
     arm = by[vllm_arm]["verification"]
     assert "not run" in arm["probe"]["not_run"] and "aarch64 wheel on this x86_64 machine" in arm["probe"]["not_run"]
     cp310 = next(by[n]["verification"] for n in ascend if "cp310" in n and "x86_64" in n)
