@@ -331,13 +331,16 @@ def test_retarget_text_keeps_comments_and_moves_release():
     out = retarget_text(text, 0, ref="v0.21.0", version="0.21.0", sha256="a" * 64, wheel=None, old_version="0.20.2",
                         name="v0.21", series="patches/v0.21")
     assert 'ref = "v0.21.0"' in out and 'version = "0.21.0"' in out and f'sha256 = "{"a" * 64}"' in out
-    assert "[components.wheel]" not in out and "manylinux" not in out  # the old wheel pin is gone
+    vllm_part = out.split("[[components]]")[1]
+    assert "[components.wheel]" not in out and "manylinux" not in vllm_part  # the old release's pins are gone
+    assert out.count("vllm_ascend-0.20.2rc1-") == text.count("vllm_ascend-0.20.2rc1-")  # vllm-ascend's stay
     assert 'name = "v0.21"' in out and 'series = "patches/v0.21"' in out
     kept = [ln for ln in text.splitlines() if ln.lstrip().startswith("#") and "wheel" not in ln.lower()]
     assert kept and all(ln in out.splitlines() for ln in kept)
     out2 = retarget_text(text, 0, ref="v0.21.0", version="0.21.0", sha256="b" * 64,
                          wheel=("vllm-0.21.0-cp38-abi3-manylinux_2_35_x86_64.whl", "c" * 64), old_version="0.20.2")
     assert 'filename = "vllm-0.21.0-cp38-abi3-manylinux_2_35_x86_64.whl"' in out2 and "c" * 64 in out2
+    assert "vllm-0.20.2-" not in out2 and out2.count("[[components.wheels]]") == text.count("[[components.wheels]]") - 1
 
 
 # ---------------------------------------------------------------- real vLLM releases

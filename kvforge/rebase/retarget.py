@@ -197,10 +197,10 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
                   wheel: tuple[str, str] | None, old_version: str, name: str | None = None,
                   series: str | None = None, wheels: Sequence[tuple[str, str]] | None = None) -> str:
     """Edit a target file's text: component `comp_index` moves to `ref` (and release `version`/`sha256`;
-    its wheel pin becomes `wheel` or is removed; `wheels` given: every [components.wheel] and
-    [[components.wheels]] of the component is replaced by one [[components.wheels]] per pin, after its
-    release table), optionally renamed (`name`, `series`). Comments stay; the description's old version
-    becomes the new one."""
+    when the version changes, every [components.wheel] and [[components.wheels]] of the component (the old
+    release's files) is replaced by one [[components.wheels]] per pin of `wheels` (or the single `wheel`), after
+    its release table, or removed when neither is known), optionally renamed (`name`, `series`). Comments stay;
+    the description's old version becomes the new one."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     section, comp = "", -1
@@ -208,6 +208,7 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
     release_has_sha = False
     new_version = version if version is not None and version != old_version else None
     version_changes = new_version is not None
+    pins = wheels if wheels is not None else ([wheel] if wheel else None)
 
     def put(line: str, key: str, value: str) -> str:
         m = STRING_RE.match(line.rstrip("\n"))
@@ -220,13 +221,11 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
             if section == "components.release" and comp == comp_index and version_changes:
                 if sha256 and not release_has_sha:
                     out.append(f"sha256 = {json.dumps(sha256)}\n")
-                out.extend(_wheel_tables(wheels, out))
+                out.extend(_wheel_tables(pins, out))
             section = h.group(2)
             if section == "components" and h.group(1) == "[[":
                 comp += 1
-            dropping = comp == comp_index and version_changes and (
-                (section == "components.wheel" and wheel is None)
-                or (section in ("components.wheel", "components.wheels") and wheels is not None))
+            dropping = comp == comp_index and version_changes and section in ("components.wheel", "components.wheels")
             if dropping:
                 while out and out[-1].strip() == "" and len(out) > 1 and out[-2].strip() == "":
                     out.pop()
@@ -252,18 +251,11 @@ def retarget_text(text: str, comp_index: int, *, ref: str, version: str | None, 
                     line = put(line, "sha256", sha256)
                 else:
                     continue
-        elif section == "components.wheel" and comp == comp_index and version_changes and wheel:
-            if line.lstrip().startswith("#"):
-                continue  # comments about the old wheel
-            if key == "filename":
-                line = put(line, "filename", wheel[0])
-            elif key == "sha256":
-                line = put(line, "sha256", wheel[1])
         out.append(line)
     if section == "components.release" and comp == comp_index and version_changes:
         if sha256 and not release_has_sha:
             out.append(f"sha256 = {json.dumps(sha256)}\n")
-        out.extend(_wheel_tables(wheels, out))
+        out.extend(_wheel_tables(pins, out))
     result = "".join(out)
     while result.endswith("\n\n"):
         result = result[:-1]
