@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -83,6 +84,9 @@ def test_report_rows_history_ledger_and_evidence(project, base_v0202):
     git(project, "commit", "-qam", "edit", env={"GIT_COMMITTER_DATE": "2026-11-23T12:00:00+00:00"})
     (pdir / "dropped.toml").write_text(LEDGER.format(fix="fix-b"))
 
+    # the session's test cache may hold other tests' records of a target named "t" on this base: not this test's
+    c = Cache(Path(os.environ["KVFORGE_CACHE"]))
+    shutil.rmtree(c.results / "t", ignore_errors=True)
     res = kvforge("report", "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
@@ -104,7 +108,6 @@ def test_report_rows_history_ledger_and_evidence(project, base_v0202):
     # a verify record of another series: stale; one of exactly this base and series: current (with its verdict)
     from kvforge.series import read_series
     digest = read_series(pdir).digest
-    c = Cache(Path(os.environ["KVFORGE_CACHE"]))
     evidence.save(c, evidence.Record("verify", evidence.Key("t", "vllm", base.commit, "0" * 12), ok=True,
                                      created="2026-11-23T10:00:00+00:00",
                                      data={"patches": [{"fix_id": "fix-a", "status": "proven"}]}))
