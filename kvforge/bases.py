@@ -56,7 +56,7 @@ from typing import BinaryIO, Callable
 from . import gitutil
 from .cache import REF_IMPORT, Cache, write_error
 from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
-from .fsutil import crashpoint, file_lock, remove_stale, sha256_file
+from .fsutil import crashpoint, file_lock, remove_stale, sha256_remembered
 from .outcome import Done
 from .targets import Component, Release
 
@@ -310,7 +310,7 @@ def _from_git(component: Component, cache: Cache, path: Path, url: str, say: Pro
 def _from_sdist(component: Component, cache: Cache, path: Path, say: Progress) -> Base:
     start = time.monotonic()
     archive = download_sdist(component, cache, say)
-    digest = component.release.sha256 or sha256_file(archive)
+    digest = component.release.sha256 or sha256_remembered(archive)
     tag = f"refs/tags/{component.ref}"
     existing = path.exists()
     work = _temp_repo(path)
@@ -370,7 +370,7 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
         remove_stale(downloads, STALE_DOWNLOAD)
     dest = downloads / rel.filename
     if dest.is_file():
-        if not rel.sha256 or sha256_file(dest) == rel.sha256:
+        if not rel.sha256 or sha256_remembered(dest) == rel.sha256:
             return dest
         say(f"{dest} does not match the pinned sha256; downloading it again")
     url, expected, size = _sdist_url(rel)

@@ -63,6 +63,26 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def sha256_remembered(path: Path) -> str:
+    """sha256_file of a file in kvforge's cache (a download it never rewrites in place), remembered beside it in
+    `.<name>.sha256` with the file's size, inode, mtime_ns and ctime_ns: while all four are unchanged the digest is
+    read from there, else the file is read again (a replaced or touched file changes its ctime). An unwritable
+    directory only costs the re-read next time."""
+    path = Path(path)
+    st = path.stat()
+    stamp = f"{st.st_size} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns}"
+    memo = path.with_name(f".{path.name}.sha256")
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        digest, _, seen = memo.read_text(encoding="utf-8").strip().partition(" ")
+        if seen == stamp and re.fullmatch(r"[0-9a-f]{64}", digest):
+            return digest
+    digest = sha256_file(path)
+    with contextlib.suppress(OSError):
+        if path.stat().st_ctime_ns == st.st_ctime_ns:  # not changed while it was read
+            atomic_write_text(memo, f"{digest} {stamp}\n")
+    return digest
+
+
 def crashpoint(name: str) -> None:
     """Test hook: when $KVFORGE_CRASH_AT names this step, die here with SIGKILL (no cleanup runs).
 

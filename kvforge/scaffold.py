@@ -32,7 +32,7 @@ from . import __version__, gitutil
 from .bases import pypi_url, release_files
 from .cache import Cache
 from .errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
-from .fsutil import crashpoint, remove_stale, sha256_file
+from .fsutil import crashpoint, remove_stale, sha256_remembered
 from .outcome import Done
 from .targets import TARGET_NAME_RE, parse_target
 
@@ -102,7 +102,7 @@ def sdist_pin(package: str, version: str, cache: Cache) -> Pin:
     if not local.is_file():
         raise KvforgeError(f"--release {version}: offline ($KVFORGE_OFFLINE) and the cache has no {filename} to take "
                            "its sha256 from", EXIT_NETWORK)
-    return Pin(package, version, sha256_file(local), f"{local} (offline: not checked against the package index)")
+    return Pin(package, version, sha256_remembered(local), f"{local} (offline: not checked against the package index)")
 
 
 def _toml_list(items: tuple[str, ...] | list[str], indent: str = "    ") -> str:

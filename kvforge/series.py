@@ -8,10 +8,11 @@ syntax (reading and writing it) is kvforge.seriesdir's; read_series lints what i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.header import decode_header, make_header
 from pathlib import Path, PurePosixPath
 
@@ -139,7 +140,11 @@ def _decode(value: str) -> str:
 
 
 def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
-    """Parse one format-patch file (or `raw`, its bytes, named `path`); every defect becomes a Problem."""
+    """Parse one format-patch file (or `raw`, its bytes, named `path`); every defect becomes a Problem.
+
+    A parse is a function of (path, bytes) alone, so it is remembered for the process (a rebase reads one
+    series three times): each call gets its own Patch and lists; the unidiff objects in `files` are shared
+    and read-only."""
     path = Path(path)
     if raw is None:
         try:
@@ -148,6 +153,13 @@ def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
             patch = Patch(path=path, raw=b"")
             patch.problems.append(Problem(path, None, f"cannot read: {exc.strerror or exc}"))
             return patch
+    done = _parsed(path, raw)
+    return replace(done, trailers=[replace(t) for t in done.trailers], files=list(done.files),
+                   problems=list(done.problems))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(path: Path, raw: bytes) -> Patch:
     patch = Patch(path=path, raw=raw)
     try:
         text = raw.decode("utf-8")

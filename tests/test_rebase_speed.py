@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
 
 from helpers import CORE, git, make_patch
 
-from kvforge import engine, gitutil
+from kvforge import engine, fsutil, gitutil
 from kvforge.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
 from kvforge.cache import REF_IMPORT
 from kvforge.rebase.steps import rerere_enabled
@@ -234,3 +235,37 @@ def test_run_many_returns_what_run_returns_in_order(fake):
     alone = [gitutil.run(fake.upstream, *c, check=False) for c in calls]
     assert [(r.returncode, r.stdout) for r in many] == [(r.returncode, r.stdout) for r in alone]
     assert [r.returncode != 0 for r in many[:3]] == [False, True, False]
+
+
+def test_remembered_sha256_is_read_again_when_the_file_changes(tmp_path):
+    """fsutil.sha256_remembered gives sha256_file's digest; a file rewritten in place with the same size and its
+    old mtime put back (what would fool a size+mtime memo) is read again: its ctime moved."""
+    f = tmp_path / "vllm-9.9.9.tar.gz"
+    f.write_bytes(b"a" * 4096)
+    first = fsutil.sha256_remembered(f)
+    assert first == fsutil.sha256_file(f) == hashlib.sha256(b"a" * 4096).hexdigest()
+    memo = tmp_path / ".vllm-9.9.9.tar.gz.sha256"
+    assert memo.read_text().split()[0] == first
+    assert fsutil.sha256_remembered(f) == first  # from the memo
+    st = f.stat()
+    f.write_bytes(b"b" * 4096)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    assert fsutil.sha256_remembered(f) == hashlib.sha256(b"b" * 4096).hexdigest()
+    memo.write_text("garbage")
+    assert fsutil.sha256_remembered(f) == hashlib.sha256(b"b" * 4096).hexdigest()
+
+
+def test_a_remembered_parse_is_each_callers_own(tmp_path):
+    """series.parse_patch remembers parses by (path, bytes): a caller that adds a problem or a trailer changes no
+    other caller's Patch, and other bytes under the same name are parsed anew."""
+    src = Path(__file__).resolve().parent.parent / "patches" / "v0.20.1" / "0003-kv-events-token-ids.patch"
+    a = parse_patch(src)
+    a.problems.append("mine")  # type: ignore[arg-type]
+    a.trailers[0].value = "changed"
+    a.files.clear()
+    b = parse_patch(src)
+    assert b.problems == [] and b.trailers[0].value != "changed" and b.files
+    assert b.fix_id == "kv-events-token-ids"
+    other = parse_patch(src, src.read_bytes().replace(b"Fix-Id: kv-events-token-ids", b"Fix-Id: other-id"))
+    assert other.fix_id == "other-id" and parse_patch(src).fix_id == "kv-events-token-ids"

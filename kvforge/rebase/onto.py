@@ -17,7 +17,7 @@ from ..bases import download_pinned, pypi_url, release_files, release_versions
 from ..build import choose_wheels
 from ..context import Context, Progress, quiet
 from ..errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
-from ..fsutil import sha256_file
+from ..fsutil import sha256_remembered
 from ..targets import Component, Release, WheelPin
 
 # ASCII digits only (\d would take Arabic-Indic ones), matched whole (fullmatch: `$` would allow a trailing newline).
@@ -87,7 +87,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
         if not local.is_file():
             raise KvforgeError(f"cannot take the sha256 of {release.filename} from PyPI (offline or unreachable) and "
                                "the cache has no copy of it", EXIT_NETWORK)
-        sha = sha256_file(local)
+        sha = sha256_remembered(local)
         source = "local archive (offline: not checked against PyPI)"
         notes.append(f"sha256 of {release.filename} taken from the cached archive, not from PyPI (offline)")
     new = replace(comp, ref=ref, release=replace(release, sha256=sha), wheels=pins)
@@ -176,7 +176,7 @@ def fetch_sdist(package: str, version: str, downloads: Path, say: Progress) -> P
             continue
         sha = _sha_of(files, rel.filename)
         dest = downloads / rel.filename
-        if dest.is_file() and (sha is None or sha256_file(dest) == sha):
+        if dest.is_file() and (sha is None or sha256_remembered(dest) == sha):
             return dest
         size = f.get("size")
         return download_pinned(urllib.parse.urljoin(index, f["url"]), dest, size if isinstance(size, int) else 0,
