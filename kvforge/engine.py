@@ -258,6 +258,63 @@ def am_one(worktree: Path, patch_path: Path, head: str | None) -> tuple[str, str
     return ("applied (3-way)" if "applied (3-way)" in am_progress(out) else "applied"), now, out
 
 
+def stripspace(text: bytes) -> bytes:
+    """git's strbuf_stripspace (no comment lines): trailing whitespace of each line removed, runs of empty
+    lines made one, none at either end, every line ending in a newline. `git am` cleans a message so."""
+    out: list[bytes] = []
+    empty = False
+    for line in text.split(b"\n"):
+        line = line.rstrip(b" \t\n\r")
+        if not line:
+            empty = bool(out)
+            continue
+        if empty:
+            out.append(b"")
+        empty = False
+        out.append(line)
+    return b"".join(line + b"\n" for line in out)
+
+
+def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
+    """The commits `git am` (AM_OPTS) makes of `patches` on `head`, made without a worktree, for the leading
+    patches that apply as they are: `git mailinfo -b` reads author, date and message as am does (subject, a
+    blank line, the body, then git's stripspace), `git apply --cached` applies the patch to a temporary index
+    of the previous commit, `git write-tree` and `git commit-tree` commit it (kvforge's committer, its date the
+    author's: --committer-date-is-author-date). Same bytes in, the same commit ids as `git am`.
+
+    Stops at the first patch that does not apply as it is, changes nothing, or has no author name (`git am
+    -3` in a worktree decides those: the 3-way merge, "no change"); returns the commits made before it.
+    Writes objects only: no ref, no worktree, no index but its own temporary one."""
+    out: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="kvforge-am-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": tmp, "GIT_DIR": str(repo)}
+        cwd = Path(tmp)
+        if gitutil.run(cwd, "read-tree", head, env=env, check=False).returncode != 0:
+            return out
+        tree = gitutil.run(cwd, "rev-parse", f"{head}^{{tree}}", env=env).stdout.strip()
+        for path in patches:
+            msg_file, diff_file = Path(tmp) / "msg", Path(tmp) / "patch"
+            info = gitutil.run(cwd, "mailinfo", "-b", str(msg_file), str(diff_file), stdin=path.read_bytes(),
+                               env=env, check=False)
+            fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
+            if info.returncode != 0 or not fields.get("Author") or not diff_file.stat().st_size:
+                break
+            if gitutil.run(cwd, "apply", "--cached", str(path), env=env, check=False).returncode != 0:
+                break
+            new_tree = gitutil.run(cwd, "write-tree", env=env).stdout.strip()
+            if new_tree == tree:
+                break
+            message = stripspace(fields.get("Subject", "").encode() + b"\n\n" + msg_file.read_bytes())
+            when = fields.get("Date", "")
+            ident = {"GIT_AUTHOR_NAME": fields["Author"], "GIT_AUTHOR_EMAIL": fields.get("Email", ""),
+                     "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+            commit = gitutil.run(cwd, "commit-tree", new_tree, "-p", head, stdin=message,
+                                 env={**env, **ident}).stdout.strip()
+            out.append(commit)
+            head, tree = commit, new_tree
+    return out
+
+
 def am_in_progress(worktree: Path) -> bool:
     """A `git am` is stopped in the tree: its git directory has rebase-apply/ (read from the `.git` file of a
     linked worktree; otherwise `git rev-parse --git-path` says where)."""

@@ -23,6 +23,7 @@ from helpers import CORE, git, make_patch
 from kvforge import engine, fsutil, gitutil
 from kvforge.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
 from kvforge.cache import REF_IMPORT
+from kvforge.rebase.commit import equal_pairs, same_change
 from kvforge.rebase.steps import rerere_enabled
 from kvforge.series import parse_patch
 from kvforge.targets import Component, Release
@@ -269,3 +270,72 @@ def test_a_remembered_parse_is_each_callers_own(tmp_path):
     assert b.fix_id == "kv-events-token-ids"
     other = parse_patch(src, src.read_bytes().replace(b"Fix-Id: kv-events-token-ids", b"Fix-Id: other-id"))
     assert other.fix_id == "other-id" and parse_patch(src).fix_id == "kv-events-token-ids"
+
+
+def _patch_file(repo: Path, start: str, edits: dict, message: str, author: str, out: Path) -> Path:
+    """A format-patch file of a commit of `edits` on `start` with this exact message and author ('Name <email>')."""
+    name, email = author[:-1].split(" <")
+    commit = _commit_on(repo, start, edits, "x")
+    tree = git(repo, "rev-parse", f"{commit}^{{tree}}").strip()
+    env = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": "1700000000 +0130"}
+    made = subprocess.run(["git", "commit-tree", tree, "-p", start], cwd=repo, input=message.encode(), check=True,
+                          capture_output=True, env={**os.environ, **env}).stdout.decode().strip()
+    out.write_bytes(engine.format_patch(repo, made))
+    return out
+
+
+def test_commits_made_without_a_worktree_are_git_ams(fake, tmp_path):
+    """engine.am_without_worktree makes the commits `git am` (AM_OPTS) makes of the same files on the same base,
+    id for id (author, dates, message after stripspace, tree), on a base where the files moved; it stops at the
+    first patch that does not apply as it is, and returns the commits made before it."""
+    up = fake.upstream
+    patches = [
+        _patch_file(up, fake.base, CLAMP, "[Core][tag] clamp: keep [tags]   \n\n\n\nBody  with trailing  \n\n\n"
+                    "Fix-Id: clamp\n", "Zo\u00eb \u00dcn\u00efcode <zoe@example.com>", tmp_path / "1.patch"),
+        _patch_file(up, fake.base, EXTRA, "extra file\n", "A B <ab@example.com>", tmp_path / "2.patch"),
+        _patch_file(up, fake.base, SIDE, "side\n\nbody\n", "C D <cd@example.com>", tmp_path / "3.patch"),
+    ]
+    moved = _commit_on(up, fake.base, {CORE: ("def double(x):", "# moved\n\n\ndef double(x):")}, "upstream moves it")
+    made = engine.am_without_worktree(up / ".git", moved, patches)
+    assert len(made) == 3
+    wt = tmp_path / "wt"
+    git(up, "worktree", "add", "-q", "--detach", str(wt), moved)
+    git(wt, *engine.AM_OPTS, *map(str, patches), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{moved}..HEAD").split() == made
+    assert git(up, "log", "-1", "--format=%an", made[0]).strip() == "Zo\u00eb \u00dcn\u00efcode"
+    assert git(up, "log", "-1", "--format=%s", made[0]).strip() == "[Core][tag] clamp: keep [tags]"
+
+    # Upstream changed the line the second patch changes: it does not apply as it is; the first is made, and
+    # `git am -3` of the second in a worktree is the conflict the rebase stops at.
+    shifted = _commit_on(up, moved, {CORE: ("return 2 * x", "return 2 * x  # upstream")}, "upstream edits double")
+    double = _patch_file(up, fake.base, DOUBLE, "double\n", "C D <cd@example.com>", tmp_path / "4.patch")
+    made2 = engine.am_without_worktree(up / ".git", shifted, [patches[1], double, patches[2]])
+    assert len(made2) == 1
+    git(wt, "checkout", "-q", "--detach", made2[0])
+    assert engine.am_one(wt, double, made2[0])[0] == "conflict"
+    assert engine.am_without_worktree(up / ".git", "0" * 40, patches) == []  # a head git cannot read: nothing
+
+
+def test_equal_pairs_is_what_git_range_diff_prints(fake, tmp_path):
+    """rebase.commit.equal_pairs writes git range-diff's "=" lines (numbers padded, abbreviations, subjects) for a
+    series moved to a base where its lines shifted; same_change tells a moved patch from an edited one."""
+    up = fake.upstream
+    olds = [_patch_file(up, fake.base, CLAMP, "[Core] clamp\n", "A B <ab@example.com>", tmp_path / "a1.patch"),
+            _patch_file(up, fake.base, SIDE, "[Core] side\n", "A B <ab@example.com>", tmp_path / "a2.patch")]
+    wt = tmp_path / "wt"
+    git(up, "worktree", "add", "-q", "--detach", str(wt), fake.base)
+    git(wt, *engine.AM_OPTS, *map(str, olds), env=gitutil.COMMITTER)
+    old_head = git(wt, "rev-parse", "HEAD").strip()
+    moved = _commit_on(up, fake.base, {CORE: ("def double(x):", "# moved\n\n\ndef double(x):")}, "moved")
+    news = engine.am_without_worktree(up / ".git", moved, olds)
+    old_commits = git(up, "rev-list", "--reverse", f"{fake.base}..{old_head}").split()
+    want = git(up, "range-diff", "--no-color", f"{fake.base}..{old_head}", f"{moved}..{news[-1]}")
+    assert equal_pairs(up / ".git", old_commits, news) == want
+    assert " = " in want
+    new_bytes = [engine.format_patch(up, c) for c in news]
+    assert len(news) == 2 and new_bytes[0] != olds[0].read_bytes()  # the hunk moved...
+    assert all(same_change(p.read_bytes(), b) for p, b in zip(olds, new_bytes))  # ...the change did not
+    assert not same_change(olds[0].read_bytes(), new_bytes[0].replace(b"+    return min(max(lo, x), hi)",
+                                                                      b"+    return min(max(lo, x),hi)"))
+    assert not same_change(olds[0].read_bytes(), new_bytes[0].replace(b"[Core] clamp", b"[Core] Clamp"))
+    assert equal_pairs(up / ".git", old_commits, news[:1]) is None  # sides of different lengths: git's to say

@@ -8,8 +8,9 @@ Owns the rebase engine, its state in the cache and the one step that writes the 
 per-patch "is it upstream?" signals and the decision come from kvforge.upstream (not here).
 
 For each patch, in series order: the signals are gathered against the new base and decided
-(upstream | carried | disagree); then the patch is applied three-way (`git am -3`, never fuzz) in
-a worktree of the cache's base repository, one `git am` per patch:
+(upstream | carried | disagree); then the carried patches are committed as `git am` commits them: without
+a worktree while they apply as they are (the same commit ids), and a patch that does not is applied
+three-way (`git am -3`, never fuzz) in a worktree of the cache's base repository:
 - upstream: dropped (a ledger entry, kvforge.ledger);
 - carried and applies: its new commit is kept;
 - does not apply: the rebase stops with the worktree at that patch (conflict markers, `git am` in

@@ -10,12 +10,14 @@ next `kvforge rebase` of that target before anything else; `--abort` is then ref
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
 
 from .. import gitutil, ledger, seriesdir
 from ..context import Context
+from ..engine import format_patch, format_patches
 from ..errors import EXIT_USAGE, KvforgeError
 from ..export import read_commit
 from ..fsutil import atomic_write_text, crashpoint
@@ -151,11 +153,53 @@ def stage_series(tx: seriesdir.Transaction, st: State) -> Path:
     return tx.stage(files, keep=kept, keep_from=old_dir, blame={name: c.blame for c, name in zip(commits, names)})
 
 
+HUNK_NUMBERS_RE = re.compile(rb"^@@ -[0-9]+(?:,[0-9]+)? \+[0-9]+(?:,[0-9]+)? @@", re.M)
+
+
+def same_change(old: bytes, new: bytes) -> bool:
+    """Two format-patch files that differ at most in their hunks' line numbers and the blob ids of their `index`
+    lines (the change moved to a base where its files shifted): same message, author and change, so `git
+    range-diff` pairs their commits as equal ("=")."""
+    def normal(raw: bytes) -> bytes:
+        head, sep, diff = raw.partition(b"\ndiff --git ")
+        lines = [line for line in diff.split(b"\n") if not line.startswith(b"index ")]
+        return head + sep + HUNK_NUMBERS_RE.sub(b"@@", b"\n".join(lines))
+    return normal(old) == normal(new)
+
+
+def equal_pairs(repo: Path, olds: list[str], news: list[str]) -> str | None:
+    """What `git range-diff OLD NEW` prints when commit k of each side is the same change (same_change): one
+    `k:  <old> = k:  <new> <subject>` line per pair, abbreviated and padded as git does; None when git's log
+    does not list every commit once (the caller runs git range-diff)."""
+    if len(olds) != len(news) or not olds:
+        return None
+    log = gitutil.run(repo, "log", "--no-walk=unsorted", "--format=%h%x00%s", *olds, *news, check=False)
+    rows = [line.split("\0", 1) for line in log.stdout.splitlines()]
+    if log.returncode != 0 or len(rows) != len(olds) + len(news) or any(len(r) != 2 for r in rows):
+        return None
+    width = len(str(1 + len(olds)))
+    n = len(olds)
+    return "".join(f"{k + 1:>{width}}:  {rows[k][0]} = {k + 1:>{width}}:  {rows[n + k][0]} {rows[n + k][1]}\n"
+                   for k in range(n))
+
+
 def range_diff(st: State) -> str:
     """`git range-diff` of the old series against the new (git needs two non-empty ranges: a side that
-    is empty is shown in its format by hand)."""
+    is empty is shown in its format by hand). When every patch was carried and each new patch file is its old
+    one with only line numbers moved (same_change), git's "=" lines are written from one `git log` instead:
+    range-diff would diff every commit of both sides to say the same."""
     plan = st.plan
     repo = plan.repo
+    if st.steps and all(p.verdict is Verdict.CARRIED and p.commit and p.old_commit for p in st.steps):
+        news = [p.commit for p in st.steps if p.commit]
+        olds = [p.old_commit for p in st.steps if p.old_commit]
+        if plan.dry_run:
+            format_patches(repo, plan.new_base, news)  # a real run formatted them as it applied them
+        if all(same_change(st.patch_copy(p.name).read_bytes(), format_patch(repo, c))
+               for p, c in zip(st.steps, news)):
+            text = equal_pairs(repo, olds, news)
+            if text is not None:
+                return text
     sides = [(plan.old_base, plan.old_head), (plan.new_base, st.head)]
     if any(a == b for a, b in sides):
         lines = []

@@ -1,5 +1,7 @@
-"""The rebase's steps: each patch's signals and decision (planning), then `git am -3` in the rebase's
-worktree, one run of carried patches at a time, stopping at a conflict or a disagreement.
+"""The rebase's steps: each patch's signals and decision (planning), then the carried patches committed as
+`git am` commits them, without a worktree while they apply as they are (engine.am_without_worktree), and
+`git am -3` in the rebase's worktree for a patch that needs the 3-way merge, stopping at a conflict or a
+disagreement.
 
 Works on a State (kvforge.rebase.state) and saves it after every patch; writes nothing in patches/ or
 targets/ (kvforge.rebase.commit does, once every step is decided).
@@ -14,7 +16,7 @@ from pathlib import Path
 from .. import gitutil, upstream
 from ..bases import Base
 from ..context import Context
-from ..engine import AM_OPTS, am_in_progress, am_one, am_progress, diagnose, ensure_worktree, format_patches
+from ..engine import am_in_progress, am_one, am_without_worktree, diagnose, ensure_worktree, format_patches
 from ..errors import EXIT_APPLY, EXIT_ENV, KvforgeError
 from ..fsutil import crashpoint
 from ..series import Patch, parse_patch
@@ -161,12 +163,12 @@ def _fix_depends_on(st: State, i: int) -> None:
                         "rebase: the new base has it, or it was skipped)")
 
 
-def _am_run(ctx: Context, st: State) -> bool:
-    """Apply the run of carried patches from st.position with ONE `git am -3` (the cost of plain git);
-    patches the signals drop inside the run are left out. Stops short of a patch that conflicts or
-    changes nothing (the per-patch path then handles it alone). True only when st.position moved
-    (at least one patch carried); False when the run is shorter than 2 or its first patch did not apply."""
-    steps, worktree = st.steps, st.plan.worktree
+def _carried_run(ctx: Context, st: State) -> bool:
+    """Apply the run of carried patches from st.position without a worktree (engine.am_without_worktree: the
+    commits `git am` makes of them); patches the signals drop inside the run are left out. Stops short of a patch
+    that does not apply as it is or changes nothing: the per-patch path applies that one alone with `git am -3`
+    in the worktree (the 3-way merge, a conflict to resolve, "no change"). True only when st.position moved."""
+    steps = st.steps
     run: list[int] = []
     j = st.position
     while j < len(steps):
@@ -179,31 +181,20 @@ def _am_run(ctx: Context, st: State) -> bool:
         elif q.verdict not in DROPPED:
             break
         j += 1
-    if len(run) < 2:
+    if not run:
         return False
-    ctx.say(f"applying {len(run)} patches ({steps[run[0]].name} .. {steps[run[-1]].name})")
-    res = gitutil.run(worktree, *AM_OPTS, *[str(st.patch_copy(steps[k].name)) for k in run], check=False)
+    ctx.say(f"applying {len(run)} patch{'es' if len(run) > 1 else ''} ({steps[run[0]].name} .. "
+            f"{steps[run[-1]].name})")
+    commits = am_without_worktree(st.plan.repo, st.head, [st.patch_copy(steps[k].name) for k in run])
     crashpoint("rebase:patch-applied")
-    hows = am_progress(res.stdout + "\n" + res.stderr)
-    done = len(hows) if res.returncode == 0 else len(hows) - 1  # am stopped at the last one it began
-    good = 0
-    while good < done and hows[good] != "no change":
-        good += 1
-    commits = gitutil.run(worktree, "rev-list", "--reverse", f"{st.head}..HEAD").stdout.split()[:good]
-    if res.returncode != 0:
-        gitutil.run(worktree, "am", "--quit", check=False)
-    for k, c in zip(run[:good], commits):
+    for k, c in zip(run, commits):
         p = steps[k]
-        p.verdict, p.how, p.commit = Verdict.CARRIED, hows[run.index(k)], c
+        p.verdict, p.how, p.commit = Verdict.CARRIED, "applied", c
         st.head = c
-    if res.returncode != 0 or good < len(run):
-        reset(worktree, st.head)  # drop what came after the stop: that patch is applied alone next
-    if good == 0:
-        # The run's first patch did not apply (or changes nothing): nothing moved, so this is no
-        # progress. The per-patch path decides that patch (a stop, or a verdict) on this same call.
-        save(st)
+    if not commits:
+        save(st)  # nothing moved: the per-patch path decides run[0] (a stop, or a verdict) on this same call
         return False
-    st.position = run[good] if good < len(run) else run[-1] + 1
+    st.position = run[len(commits)] if len(commits) < len(run) else run[-1] + 1
     save(st)
     crashpoint("rebase:state-saved")
     return True
@@ -215,6 +206,7 @@ def apply_steps(ctx: Context, st: State) -> bool:
     worktree = st.plan.worktree
     dry = st.plan.dry_run
     t0 = time.monotonic()
+    moved = False  # commits were made without the worktree since it was last put at st.head
     while st.position < len(st.steps):
         i = st.position  # every pass of this loop moves st.position past i, or returns (a stop)
         p = st.steps[i]
@@ -223,11 +215,15 @@ def apply_steps(ctx: Context, st: State) -> bool:
         if p.verdict in (Verdict.UPSTREAM, Verdict.SKIPPED, Verdict.CARRIED):
             st.position = i + 1
             continue
+        if _carried_run(ctx, st):
+            assert st.position > i, f"rebase: a run of carried patches from {p.name} returned progress without moving"
+            moved = True
+            continue  # a run of carried patches applied without a worktree; st.position moved past it
+        assert st.position == i, "rebase: a run of carried patches that made no progress moved the position"
+        if moved and st.worktree_ready:
+            reset(worktree, st.head)  # the worktree is behind the commits made without it
         _ensure_worktree(st)
-        if not dry and _am_run(ctx, st):
-            assert st.position > i, f"rebase: a git am run of {p.name} returned progress without moving"
-            continue  # a run of carried patches applied in one `git am`; st.position moved past it
-        assert st.position == i, "rebase: a git am run that made no progress moved the position"
+        moved = False
         ctx.say(f"applying {p.name}")
         _fix_depends_on(st, i)
         how, commit, out = am_one(worktree, st.patch_copy(p.name), st.head)
