@@ -7,10 +7,13 @@ it. Worktree helpers for kvforge's own (hidden) worktrees live here too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import tempfile
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -275,6 +278,29 @@ def stripspace(text: bytes) -> bytes:
     return b"".join(line + b"\n" for line in out)
 
 
+# Runs of am_without_worktree started ahead (am_ahead): (repository, head, the patches' bytes) -> its future commits.
+_AHEAD: dict[tuple[Path, str, tuple[bytes, ...]], Future] = {}
+
+
+def am_ahead(repo: Path, head: str, patches: "list[Path]") -> None:
+    """Start am_without_worktree(repo, head, patches) in a thread, for a caller that will likely ask for it (or
+    for a prefix of it) while it does other work: the rebase commits the series while its signals run. Its
+    commits are objects only; a later am_without_worktree of the same bytes on the same head (or of a prefix of
+    them) waits for it and takes its answer, which is the one it would compute (the commits depend on nothing
+    else); any other call computes its own."""
+    key = (Path(repo).resolve(), head, tuple(p.read_bytes() for p in patches))
+    fut: Future = Future()
+    _AHEAD[key] = fut
+
+    def work() -> None:
+        try:
+            fut.set_result(_am_without_worktree(repo, head, patches))
+        except BaseException as exc:  # handed to the caller that takes it
+            fut.set_exception(exc)
+
+    threading.Thread(target=work, name="kvforge-am-ahead", daemon=True).start()
+
+
 def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
     """The commits `git am` (AM_OPTS) makes of `patches` on `head`, made without a worktree, for the leading
     patches that apply as they are: `git mailinfo -b` reads author, date and message as am does (subject, a
@@ -284,7 +310,18 @@ def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[st
 
     Stops at the first patch that does not apply as it is, changes nothing, or has no author name (`git am
     -3` in a worktree decides those: the 3-way merge, "no change"); returns the commits made before it.
-    Writes objects only: no ref, no worktree, no index but its own temporary one."""
+    Writes objects only: no ref, no worktree, no index but its own temporary one. A run started by am_ahead
+    for these bytes (or more patches after them) on this head is taken instead of a second one."""
+    if _AHEAD:
+        want = tuple(p.read_bytes() for p in patches)
+        for (r, h, done), fut in list(_AHEAD.items()):
+            if h == head and done[:len(want)] == want and r == Path(repo).resolve():
+                with contextlib.suppress(Exception):  # it failed: compute here, where the error belongs
+                    return list(fut.result())[:len(want)]
+    return _am_without_worktree(repo, head, patches)
+
+
+def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kvforge-am-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": tmp, "GIT_DIR": str(repo)}

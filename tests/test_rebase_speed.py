@@ -339,3 +339,30 @@ def test_equal_pairs_is_what_git_range_diff_prints(fake, tmp_path):
                                                                       b"+    return min(max(lo, x),hi)"))
     assert not same_change(olds[0].read_bytes(), new_bytes[0].replace(b"[Core] clamp", b"[Core] Clamp"))
     assert equal_pairs(up / ".git", old_commits, news[:1]) is None  # sides of different lengths: git's to say
+
+
+def test_a_run_started_ahead_is_taken_when_it_answers_the_call(fake, tmp_path, monkeypatch):
+    """engine.am_ahead's run answers a later am_without_worktree of the same bytes on the same head, or of a prefix
+    of them (no second mailinfo), with the commits a fresh run makes; other bytes or another head run anew."""
+    up = fake.upstream
+    patches = [_patch_file(up, fake.base, CLAMP, "[Core] clamp\n", "A B <ab@example.com>", tmp_path / "1.patch"),
+               _patch_file(up, fake.base, SIDE, "[Core] side\n", "A B <ab@example.com>", tmp_path / "2.patch")]
+    fresh = engine.am_without_worktree(up / ".git", fake.base, patches)
+    calls: list[tuple[str, ...]] = []
+    run = gitutil.run
+
+    def counting(cwd, *args, **kw):
+        calls.append(args)
+        return run(cwd, *args, **kw)
+
+    monkeypatch.setattr(gitutil, "run", counting)
+    monkeypatch.setattr(engine, "_AHEAD", {})
+    engine.am_ahead(up / ".git", fake.base, patches)
+    assert engine.am_without_worktree(up / ".git", fake.base, patches) == fresh
+    assert engine.am_without_worktree(up / ".git", fake.base, patches[:1]) == fresh[:1]
+    assert sum(1 for a in calls if a[0] == "mailinfo") == 2  # the run ahead's, once per patch
+    assert engine.am_without_worktree(up / ".git", fresh[0], patches[1:]) == fresh[1:]  # another head: its own
+    edited = tmp_path / "3.patch"
+    edited.write_bytes(patches[1].read_bytes().replace(b"[Core] side", b"[Core] side, edited"))
+    assert engine.am_without_worktree(up / ".git", fake.base, [patches[0], edited])[0] == fresh[0]
+    assert sum(1 for a in calls if a[0] == "mailinfo") == 5

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..bases import ensure_base
 from ..context import Context
+from ..engine import am_ahead
 from ..errors import EXIT_USAGE, KvforgeError
 from ..fsutil import crashpoint
 from ..targets import project_root, target_name_problem
@@ -104,6 +105,9 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
                             old_target=file_digest(ctx.target.path)),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), root_id=project_id(root))
         t0 = time.monotonic()
+        # Commit the whole series on the new base while the signals run (most rebases carry most patches): the
+        # apply step takes these commits when its run of carried patches is this series or begins it.
+        am_ahead(new_base.repo, new_base.commit, [sdir / "patches" / p.name for p in series.patches])
         steps, t_checks = plan(ctx, new_comp, new_base, series.patches, olds, checks)
         st = State(plan=the_plan, steps=steps, head=new_base.commit, notes=notes,
                    seconds={"base": round(t_base, 3), "plan": round(time.monotonic() - t0 - t_checks, 3),
