@@ -388,14 +388,18 @@ def test_0220_as_new_target_builds_with_no_hand_edit(vllm_only, build_cache, tmp
     assert data["new_target"] == "v0.22.0" and data["sha256_source"] == "pypi"
     assert data["patches"][data["stopped_at"]]["name"] == "0002-swa-reachable-cache-mask.patch"
     lines = [f"v0.20.2rc --onto 0.22.0 --as v0.22.0: stopped at 0002 in {secs:.1f}s"]
+    stops = []
     for _ in range(6):
-        resolve_with_port(Path(data["worktree"]), data["patches"][data["stopped_at"]]["name"])
+        stops.append(data["patches"][data["stopped_at"]]["name"])
+        resolve_with_port(Path(data["worktree"]), stops[-1])
         assert files(vllm_only) == before  # nothing written before the end
         r, secs = kvforge(vllm_only, build_cache, "rebase", "-t", "v0.20.2rc", "--continue", "--json")
         if r.returncode != 3:
             break
         data = json.loads(r.stdout)
     assert r.returncode == 0, r.stderr
+    assert stops == ["0002-swa-reachable-cache-mask.patch", "0003-kv-events-token-ids.patch",
+                     "0004-swa-retention-queue-split.patch", "0005-eagle-lookahead-block-hashes.patch"]
     data = json.loads(r.stdout)
     series = (ONTO_0220 / "series").read_text().split()
     assert data["state"] == "done" and [(p["name"], p["verdict"]) for p in data["patches"]] == \
