@@ -77,6 +77,7 @@ import tomllib
 import urllib.parse
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -92,7 +93,7 @@ from .components import layer
 from .platforms import DEVICES, PACKAGE_BUILDS, Device, PackageBuild, package_build, require_available
 from .targets import ARCHES, Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
-from .trees import open_stack, resolve_from
+from .trees import Stack, open_stack, resolve_from
 from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
                     read_members, record_hash, wheel_sort_key)
 
@@ -323,14 +324,61 @@ def read_blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
 
 
 def diff_paths(repo: Path, base: str, head: str) -> list[Change]:
-    out = gitutil.run(repo.parent, "diff", "--name-status", "--no-renames", "-z", base, head,
-                      env={"GIT_DIR": str(repo)}).stdout
+    return diff_raw(repo, base, head)[0]
+
+
+NO_BLOB = "0" * 40
+
+
+def diff_raw(repo: Path, base: str, head: str) -> tuple[list[Change], dict[str, tuple[str, str]]]:
+    """`git diff --raw` between two commits: the changed paths (sorted) and, per path, its blob ids
+    (base, head), NO_BLOB on the side where it does not exist."""
+    out = gitutil.run(repo.parent, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base, head,
+                      env={"GIT_DIR": str(repo)}, binary=True).stdout.decode("utf-8", "surrogateescape")
     items = out.split("\0")
-    changes = []
-    for status, path in zip(items[0::2], items[1::2]):
+    changes, ids = [], {}
+    for head_fields, path in zip(items[0::2], items[1::2]):
         if path:
+            _old_mode, _new_mode, old, new, status = head_fields.lstrip(":").split(" ")
             changes.append(Change(path=path, status=status[:1]))
-    return sorted(changes, key=lambda c: c.path)
+            ids[path] = (old, new)
+    return sorted(changes, key=lambda c: c.path), ids
+
+
+def changed_files(repo: Path, rev: dict, rules: PackageBuild) -> tuple[list[Change], dict[str, bytes | None]]:
+    """What the series changes, and the bytes on both sides of each changed path an overlay may read (its
+    import packages' files and pyproject.toml), as read_blobs keys them ("<commit>:<path>", None where the
+    path does not exist): one `git diff --raw` and one `git cat-file --batch` by blob id, no tree walked
+    (build_target runs it in a thread while it reads the wheel). write_overlay reads any other it needs."""
+    changes, ids = diff_raw(repo, rev["base"], rev["patched"])
+    packages = tuple(f"{name}/" for name in rules.import_packages)
+    ids = {path: pair for path, pair in ids.items() if path.startswith(packages) or path == "pyproject.toml"}
+    objects = read_blobs(repo, sorted({oid for pair in ids.values() for oid in pair if oid != NO_BLOB}))
+    blobs: dict[str, bytes | None] = {}
+    for path, pair in ids.items():
+        for which, oid in zip(("base", "patched"), pair):
+            blobs[f"{rev[which]}:{path}"] = None if oid == NO_BLOB else objects[oid]
+    return changes, blobs
+
+
+class Background(threading.Thread):
+    """fn() in a thread; result() waits for it and returns its value or raises its exception."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.value, self.error = fn, None, None
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _pyproject_build_changed(before: bytes | None, after: bytes | None) -> bool:
@@ -432,69 +480,87 @@ def _metadata_text(text: str, version: str) -> bytes:
 def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
             identity: dict, build_tag: str, members=None, version: str | None = None) -> dict:
     """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
-    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged."""
+    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged.
+
+    The package files are written first (their copies run in the writer's background thread) and the
+    dist-info after them, RECORD last; the RECORD-against-archive check happens while the package files are
+    copied: a refusal deletes nothing but the output file it was writing (the caller's stage)."""
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
     if len(infos) != 1:
         raise WheelError(f"{upstream.name}: expected one .dist-info directory, found {sorted(infos) or 'none'}")
     info = infos.pop()
-    record_name, wheel_name = f"{info}/RECORD", f"{info}/WHEEL"
+    record_name, wheel_name, meta_name = f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"
     if record_name not in by_name or wheel_name not in by_name:
         raise WheelError(f"{upstream.name}: {info} lacks RECORD or WHEEL")
-    record = parse_record(read_member(upstream, by_name[record_name]).decode("utf-8"), upstream.name)
-    listed = set(record) - {record_name}
-    present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
-    if listed != present:
-        extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
-        raise WheelError(f"{upstream.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
-                         f"in the zip, not listed: {missing})")
-    for name in present:
-        if record[name][1] != str(by_name[name].file_size):
-            raise WheelError(f"{upstream.name}: RECORD gives {name} {record[name][1]} bytes, the zip {by_name[name].file_size}")
-    stamp = max(date_time_of(m) for m in members)
-    new: dict[str, bytes] = {**replace, **add}
     for name in add:
         if name in by_name:
             raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
-    new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
-    new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
-    meta_name = f"{info}/METADATA"
-    if version is not None and meta_name in by_name:
-        new[meta_name] = _metadata_text(read_member(upstream, by_name[meta_name]).decode("utf-8"), version)
-    names = (present | set(new)) - remove
+    present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
+    new: dict[str, bytes] = {**replace, **add}
+    generated = {wheel_name, f"{info}/{IDENTITY_FILE}"} | ({meta_name} if version is not None and meta_name in by_name
+                                                          else set())
+    names = (present | set(new) | generated) - remove
+    final_info, moved = info, {}
     if version is not None:  # the dist-info directory is named after the version: every member moves
-        new_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
-        moved = {n: new_info + n[len(info):] for n in names if n.startswith(info + "/")}
+        final_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
+        moved = {n: final_info + n[len(info):] for n in names if n.startswith(info + "/")}
+        names = (names - set(moved)) | set(moved.values())
+    final_record = f"{final_info}/RECORD"
+    order = sorted(names, key=lambda n: wheel_sort_key(n, final_info)) + [final_record]
+    in_info = sum(1 for n in order if n.startswith(final_info + "/"))
+    package_part, info_part = order[:-in_info], order[-in_info:]  # the package files, then the dist-info
+
+    def mode_of(name: str, source: str) -> int:
+        return (by_name[source].mode & 0o7777 if source in by_name else 0o644) or 0o644
+
+    copied = written = 0
+    with open(upstream, "rb") as src, open(out_path, "wb") as dst, RawZipWriter(dst) as w:
+        stamp = max(date_time_of(m) for m in members)
+        for name in package_part:
+            if name in new:
+                w.add(name, new[name], stamp, mode_of(name, name))
+                written += 1
+            else:
+                w.copy(src, by_name[name], upstream.name)
+                copied += 1
+        # While the kernel copies the package files: RECORD checked against the archive, the dist-info made.
+        record = parse_record(read_member(upstream, by_name[record_name]).decode("utf-8"), upstream.name)
+        listed = set(record) - {record_name}
+        if listed != present:
+            extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
+            raise WheelError(f"{upstream.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
+                             f"in the zip, not listed: {missing})")
+        for name in present:
+            if record[name][1] != str(by_name[name].file_size):
+                raise WheelError(f"{upstream.name}: RECORD gives {name} {record[name][1]} bytes, the zip "
+                                 f"{by_name[name].file_size}")
+        new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
+        new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
+        if version is not None and meta_name in generated:
+            new[meta_name] = _metadata_text(read_member(upstream, by_name[meta_name]).decode("utf-8"), version)
+        source = {new_name: old_name for old_name, new_name in moved.items()}
         for old_name, new_name in moved.items():
             new[new_name] = new.pop(old_name) if old_name in new else read_member(upstream, by_name[old_name])
-            if old_name in by_name:  # its mode
-                by_name.setdefault(new_name, by_name[old_name])
-        names = (names - set(moved)) | set(moved.values())
-        info, record_name = new_info, f"{new_info}/RECORD"
-    order = sorted(names, key=lambda n: wheel_sort_key(n, info)) + [record_name]
-    rows = []
-    for name in order[:-1]:
-        if name in new:
-            rows.append((name, record_hash(new[name]), str(len(new[name]))))
-        else:
-            rows.append((name, *record[name]))
-    rows.append((record_name, "", ""))
-    new[record_name] = format_record(rows)
-    copied = written = 0
-    with open(upstream, "rb") as src, open(out_path, "wb") as dst:
-        w = RawZipWriter(dst)
-        for name in order:
+        rows = []
+        for name in order[:-1]:
             if name in new:
-                mode = by_name[name].mode & 0o7777 if name in by_name else 0o644
-                w.add(name, new[name], stamp, mode or 0o644)
+                rows.append((name, record_hash(new[name]), str(len(new[name]))))
+            else:
+                rows.append((name, *record[source.get(name, name)]))
+        rows.append((final_record, "", ""))
+        new[final_record] = format_record(rows)
+        for name in info_part:
+            if name in new:
+                w.add(name, new[name], stamp, mode_of(name, source.get(name, name)))
                 written += 1
             else:
                 w.copy(src, by_name[name], upstream.name)
                 copied += 1
         w.close()
         dst.flush()
-    return {"members": len(order), "copied": copied, "written": written, "dist_info": info}
+    return {"members": len(order), "copied": copied, "written": written, "dist_info": final_info}
 
 
 # ---------------------------------------------------------------- the command
@@ -549,6 +615,34 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
                  pinned: bool = True) -> BuildResult:
     """Build (or, with `wheel`, only verify) the target's patched wheel of the release wheel `pin` (default:
     the component's x86_64 pin); see the module docstring."""
+    prep = prepare_wheel(ctx, out, mode, platform, wheel, pin, pinned)
+    if isinstance(prep, BuildResult):  # --mode source: the command to run elsewhere
+        return prep
+    result, stack, built, changes, rev, rules, pin, t0 = prep
+    return _verify_and_place(ctx, stack, result, built, wheel, out, t0,
+                             lambda: verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard, pin=pin,
+                                                  suffix=_suffix(result), version=result.local_version, rules=rules),
+                             platform)
+
+
+class Prepared(NamedTuple):
+    """A wheel ready for verification (prepare_wheel): the overlay in its stage directory, or --wheel FILE."""
+
+    result: BuildResult
+    stack: Stack
+    built: Path
+    changes: list[Change]
+    rev: dict
+    rules: PackageBuild
+    pin: WheelPin
+    t0: float
+
+
+def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", wheel: Path | None = None,
+                  pin: WheelPin | None = None, pinned: bool = True) -> Prepared | BuildResult:
+    """What build_target does before verification: the stack, the changed files, the refusals, the
+    release wheel's sha256 and the overlay written into a stage directory of `out` (or, with `wheel`, that
+    file). --mode source: the BuildResult with the command. bench/build_vs_cp.py times exactly this."""
     comp, say = ctx.component, ctx.progress
     t0 = time.monotonic()
     result = BuildResult(ctx.target.name, comp.name, mode, comp.release.version)
@@ -565,6 +659,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         require_available(platform, ctx.python)  # exit 7 (not run) where the hardware is missing
     result.upstream = {"filename": pin.filename, "sha256": pin.sha256, "pinned": pinned}
     stack = open_stack(ctx)
+    result.seconds["stack"] = round(time.monotonic() - t0, 3)  # the series parsed, its stack's refs read
     patched = stack.commits[-1]
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
     result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
@@ -573,10 +668,10 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     result.filename = output_filename(pin.filename, result.build_tag, result.local_version)
     out = Path(out)
     repo = stack.base.repo
-    changes = diff_paths(repo, stack.base.commit, patched)
-    result.changes = changes
+    rev = {"base": stack.base.commit, "patched": patched}
 
     if mode == "source":
+        changes = result.changes = diff_paths(repo, stack.base.commit, patched)
         compile_needed = any(c.path.startswith(COMPILE_PREFIXES) or c.path in COMPILE_FILES for c in changes)
         wheel_path = str(ctx.cache.root / "downloads" / pin.filename)
         result.command = source_command(ctx, wheel_path, out, compile_needed)
@@ -587,17 +682,18 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
                          "for CUDA, GBs); run the command on a build machine")
         return result
 
-    rev = {"base": stack.base.commit, "patched": patched}
+    git_side = Background(lambda: changed_files(repo, rev, rules))  # git reads while the wheel's directory is read
+    git_side.start()
     upstream = wheel or download_wheel(comp, ctx.cache, say, pin)
     hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
     try:
         members = read_members(upstream)
+        changes, blobs = git_side.result()
+        result.changes = changes
         check_same_commit(upstream, members, comp.release.package, stack.base, pin)
-        pyproject = read_blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
-            if any(c.path == "pyproject.toml" for c in changes) else {}
-        classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"), rules)
+        classify(changes, {m.name for m in members}, lambda which, p: blobs.get(f"{rev[which]}:{p}"), rules)
         refused = [c for c in changes if c.action == "refused"]
         if refused:
             compile_needed = any(c.why == "compile" for c in refused)
@@ -614,7 +710,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
             built = Path(wheel)
             result.seconds["prepare"] = round(time.monotonic() - t0, 3)
         else:
-            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
+            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members, blobs)
             result.seconds.update(info)
     finally:
         if hasher:
@@ -630,10 +726,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
                            "build again to download it", EXIT_NETWORK)
     if hasher:
         hasher.record()
-    return _verify_and_place(ctx, stack, result, built, wheel, out, t0,
-                             lambda: verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard, pin=pin,
-                                                  suffix=_suffix(result), version=result.local_version, rules=rules),
-                             platform)
+    return Prepared(result, stack, built, changes, rev, rules, pin, t0)
 
 
 def _verify_and_place(ctx, stack, result: BuildResult, built: Path, wheel: Path | None, out: Path, t0: float,
@@ -727,6 +820,7 @@ def build_device(ctx, out: Path, device: Device, tests: str = "checks", shard: t
     result = BuildResult(ctx.target.name, comp.name, "device", comp.release.version, arch=None, device=device.name,
                          variant=device.name)
     stack = open_stack(ctx)
+    result.seconds["stack"] = round(time.monotonic() - t0, 3)
     patched = stack.commits[-1]
     rev = {"base": stack.base.commit, "patched": patched}
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
@@ -813,12 +907,15 @@ def out_error(out: Path, exc: OSError) -> KvforgeError:
 
 
 def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
-                  members=None) -> tuple[Path, dict]:
+                  members=None, blobs: dict[str, bytes | None] | None = None) -> tuple[Path, dict]:
+    """The overlay of `changes` (classified) on `upstream`, written into a stage directory of `out`; `blobs`
+    (changed_files') or read here: the changed files on both sides."""
     t = time.monotonic()
     touched = [c for c in changes if c.action in ("replace", "remove", "add")]
     specs = [f"{rev['base']}:{c.path}" for c in touched if c.action != "add"] + \
             [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"]
-    blobs = read_blobs(stack.base.repo, specs)
+    blobs = dict(blobs or {})
+    blobs.update(read_blobs(stack.base.repo, [spec for spec in specs if spec not in blobs]))
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     for c in touched:

@@ -12,8 +12,11 @@ imported from the installed wheel); one overlays the real 244 MB release wheel t
 from __future__ import annotations
 
 import ast
+import csv
+import errno
 import hashlib
 import io
+import itertools
 import json
 import os
 import stat
@@ -32,7 +35,9 @@ from helpers import git, make_patch, write_series
 from kvforge import build as kbuild
 from kvforge.cache import Cache, default_cache_dir
 from kvforge.cli import main
-from kvforge.wheel import RawZipWriter, WheelError, parse_record, read_member, read_members, record_hash
+from kvforge import wheel as kwheel
+from kvforge.wheel import (RawZipWriter, WheelError, format_record, parse_record, read_member, read_members,
+                           record_hash, safe_name)
 
 UTILS = "vllm/v1/core/kv_cache_utils.py"
 WHEEL_NAME = "vllm-0.20.2-cp38-abi3-linux_x86_64.whl"  # a name of its own: never the real wheel's
@@ -229,6 +234,64 @@ def test_record_paths_are_checked(tmp_path):
     assert parse_record("../../bin/vllm,sha256=x,1\n", "installed")  # pip's scripts outside the site
 
 
+def test_the_fast_paths_agree_with_the_full_checks():
+    """safe_name's fast path, and RECORD read and written without the csv module where nothing is quoted, give
+    what the full rules give: every name of up to 6 characters over the characters that matter."""
+    def full(name: str) -> bool:
+        parts = name.rstrip("/").split("/")
+        return bool(name) and "\x00" not in name and "\\" not in name and not name.startswith("/") and \
+            not (len(name) > 1 and name[1] == ":") and not any(p in ("", ".", "..") for p in parts)
+
+    for n in range(7):
+        for chars in itertools.product(["a", ".", "/", "\\", ":", "\x00", "\n"], repeat=n):
+            name = "".join(chars)
+            assert (safe_name(name) is None) == full(name), repr(name)
+
+    def by_csv(rows) -> bytes:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        for row in rows:
+            w.writerow(row)
+        return buf.getvalue().encode()
+
+    rows = [("vllm/a.py", "sha256=x", "1"), ("vllm/E=8,N=14336.json", "sha256=y", "2"), ('vllm/q"uote.py', "", ""),
+            ("vllm/n\nl.py", "h", "3"), ("vllm/cr\r.py", "h", "4"), ("vllm/é.py", " ", "5"), ("vllm-1.dist-info/RECORD", "", "")]
+    for some in [rows, rows[:1] + rows[-1:], [rows[0]]]:
+        assert format_record(some) == by_csv(some)
+        readable = [r for r in some if "\r" not in r[0]]  # csv.writer leaves a CR unquoted: csv cannot read it
+        assert parse_record(by_csv(readable).decode(), "w") == {p: (h, n) for p, h, n in readable}
+    assert parse_record("vllm/a.py,h,1\n\nvllm/b.py,h,2", "w") == {"vllm/a.py": ("h", "1"), "vllm/b.py": ("h", "2")}
+    with pytest.raises(WheelError, match="3 fields"):
+        parse_record("vllm/a.py,h\n", "w")
+
+
+def test_a_copy_that_fails_in_the_background_is_raised_and_stops_the_writer(tmp_path, monkeypatch):
+    """The kernel copies run in the writer's thread: their error (a full disk) comes out of close(), and a
+    `with` block that fails stops the thread (nothing is copied after it)."""
+    src = make_wheel(tmp_path / "a.whl", {"vllm/a.py": b"a = 1\n" * 500, "vllm/b.so": os.urandom(70000)})
+    members = read_members(src)
+
+    def full_disk(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kwheel, "_copy_range", full_disk)
+    with open(src, "rb") as s, open(tmp_path / "b.whl", "wb") as o:
+        w = RawZipWriter(o)
+        for m in members:
+            w.copy(s, m, src.name)
+        with pytest.raises(OSError, match="No space"):
+            w.close()
+    assert w.copier is not None and not w.copier.is_alive() and not w.views
+    calls = []
+    monkeypatch.setattr(kwheel, "_copy_range", lambda *a: calls.append(a))
+    with open(src, "rb") as s, open(tmp_path / "c.whl", "wb") as o:
+        with pytest.raises(WheelError, match="written twice"), RawZipWriter(o) as w:
+            w.copy(s, members[0], src.name)
+            w.add("vllm/new.py", b"x", (2026, 1, 1, 0, 0, 0))  # the copy before it is queued here
+            w.add("vllm/new.py", b"x", (2026, 1, 1, 0, 0, 0))
+    assert w.copier is not None and not w.copier.is_alive() and not w.views
+
+
 # ---------------------------------------------------------------- the overlay
 
 @pytest.fixture(scope="module")
@@ -320,6 +383,42 @@ def test_pip_installs_it_and_record_and_modules_check_out(overlaid):
     (site / UTILS).write_text("tampered\n")
     assert any(UTILS in p for p in kbuild.check_record(built, site)["problems"])
     assert any(UTILS in p for p in kbuild.check_modules(stack, site, changes, rev)["problems"])
+
+
+def test_the_changed_files_are_read_by_blob_id_as_by_path(overlaid):
+    """changed_files (one git diff --raw, one cat-file by blob id, in build_target's thread) gives the changes
+    diff_paths gives and, for the package's files and pyproject.toml, the bytes read_blobs reads by path."""
+    stack = overlaid["stack"]
+    rev = {"base": stack.base.commit, "patched": stack.commits[-1]}
+    changes, blobs = kbuild.changed_files(stack.base.repo, rev, kbuild.VLLM_RULES)
+    assert [(c.path, c.status) for c in changes] == \
+        [(c.path, c.status) for c in kbuild.diff_paths(stack.base.repo, rev["base"], rev["patched"])]
+    specs = [f"{rev[w]}:{c.path}" for c in changes for w in ("base", "patched") if c.path.startswith("vllm/")]
+    assert blobs == kbuild.read_blobs(stack.base.repo, specs)
+    assert blobs[f"{rev['base']}:vllm/v1/core/kvforge_marker.py"] is None  # added: no base side
+    assert not any(":tests/" in spec for spec in blobs)  # outside the package: not read
+
+
+def test_a_wheel_whose_record_disagrees_is_refused_and_leaves_no_stage(overlaid):
+    """The RECORD check runs while the package files are copied: its refusal removes what was being written."""
+    base, tmp = overlaid["base"], overlaid["tmp"]
+    (tmp / "norec").mkdir()
+    bad = make_wheel(tmp / "norec" / WHEEL_NAME, base_files(base))
+    with zipfile.ZipFile(bad) as z:
+        items = [(i, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(bad, "w") as z:
+        for info, data in items:
+            z.writestr(info, data.replace(b"vllm/_version.py,", b"vllm/_not_there.py,") if
+                       info.filename.endswith("RECORD") else data)
+    from kvforge.context import Context
+
+    ctx = Context.load(overlaid["cache"], "t")
+    stack, changes = overlaid["stack"], overlaid["changes"]
+    res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
+    with pytest.raises(WheelError, match="RECORD and the archive disagree"):
+        kbuild.write_overlay(ctx, stack, bad, tmp / "out-norec", changes,
+                             {"base": stack.base.commit, "patched": stack.commits[-1]}, res)
+    assert list((tmp / "out-norec").iterdir()) == []
 
 
 def test_a_wheel_not_built_from_this_base_is_refused(overlaid):
