@@ -477,27 +477,60 @@ def _metadata_text(text: str, version: str) -> bytes:
     return ("\n".join(lines) + sep + body).encode()
 
 
+@dataclass
+class ReleaseWheel:
+    """A release wheel's directory, checked, and what an overlay reads of it: one .dist-info directory with
+    RECORD and WHEEL; RECORD lists exactly the archive's files, each with its size; the dist-info's files.
+    prepare_wheel reads it while git reads the changed files."""
+
+    path: Path
+    members: list
+    by_name: dict
+    info: str  # the .dist-info directory
+    record: dict[str, tuple[str, str]]
+    present: set[str]  # the archive's files but RECORD and its signatures
+    texts: dict[str, bytes]  # the dist-info's files (rewritten when the version changes)
+
+    @classmethod
+    def read(cls, path: Path, members=None) -> "ReleaseWheel":
+        members = members if members is not None else read_members(path)
+        by_name = {m.name: m for m in members}
+        infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
+        if len(infos) != 1:
+            raise WheelError(f"{path.name}: expected one .dist-info directory, found {sorted(infos) or 'none'}")
+        info = infos.pop()
+        record_name = f"{info}/RECORD"
+        if record_name not in by_name or f"{info}/WHEEL" not in by_name:
+            raise WheelError(f"{path.name}: {info} lacks RECORD or WHEEL")
+        texts = {m.name: read_member(path, m) for m in members if m.name.startswith(info + "/") and not m.is_dir}
+        record = parse_record(texts[record_name].decode("utf-8"), path.name)
+        present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
+        listed = set(record) - {record_name}
+        if listed != present:
+            extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
+            raise WheelError(f"{path.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
+                             f"in the zip, not listed: {missing})")
+        for name in present:
+            if record[name][1] != str(by_name[name].file_size):
+                raise WheelError(f"{path.name}: RECORD gives {name} {record[name][1]} bytes, the zip "
+                                 f"{by_name[name].file_size}")
+        return cls(path, members, by_name, info, record, present, texts)
+
+
 def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
-            identity: dict, build_tag: str, members=None, version: str | None = None) -> dict:
+            identity: dict, build_tag: str, members=None, version: str | None = None,
+            release: ReleaseWheel | None = None) -> dict:
     """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
     dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged.
-
-    The package files are written first (their copies run in the writer's background thread) and the
-    dist-info after them, RECORD last; the RECORD-against-archive check happens while the package files are
-    copied: a refusal deletes nothing but the output file it was writing (the caller's stage)."""
-    members = members if members is not None else read_members(upstream)
-    by_name = {m.name: m for m in members}
-    infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
-    if len(infos) != 1:
-        raise WheelError(f"{upstream.name}: expected one .dist-info directory, found {sorted(infos) or 'none'}")
-    info = infos.pop()
+    `release`: upstream's ReleaseWheel, when the caller has read it. The package files are written first
+    (their copies run in the writer's background thread while the dist-info and RECORD are made)."""
+    release = release or ReleaseWheel.read(upstream, members)
+    members, by_name, info, record, present = (release.members, release.by_name, release.info, release.record,
+                                               release.present)
     record_name, wheel_name, meta_name = f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"
-    if record_name not in by_name or wheel_name not in by_name:
-        raise WheelError(f"{upstream.name}: {info} lacks RECORD or WHEEL")
     for name in add:
         if name in by_name:
             raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
-    present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
     new: dict[str, bytes] = {**replace, **add}
     generated = {wheel_name, f"{info}/{IDENTITY_FILE}"} | ({meta_name} if version is not None and meta_name in by_name
                                                           else set())
@@ -525,24 +558,14 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
             else:
                 w.copy(src, by_name[name], upstream.name)
                 copied += 1
-        # While the kernel copies the package files: RECORD checked against the archive, the dist-info made.
-        record = parse_record(read_member(upstream, by_name[record_name]).decode("utf-8"), upstream.name)
-        listed = set(record) - {record_name}
-        if listed != present:
-            extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
-            raise WheelError(f"{upstream.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
-                             f"in the zip, not listed: {missing})")
-        for name in present:
-            if record[name][1] != str(by_name[name].file_size):
-                raise WheelError(f"{upstream.name}: RECORD gives {name} {record[name][1]} bytes, the zip "
-                                 f"{by_name[name].file_size}")
-        new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
+        # While the kernel copies the package files: the dist-info and RECORD.
+        new[wheel_name] = _wheel_text(release.texts[wheel_name].decode("utf-8"), build_tag)
         new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
         if version is not None and meta_name in generated:
-            new[meta_name] = _metadata_text(read_member(upstream, by_name[meta_name]).decode("utf-8"), version)
+            new[meta_name] = _metadata_text(release.texts[meta_name].decode("utf-8"), version)
         source = {new_name: old_name for old_name, new_name in moved.items()}
         for old_name, new_name in moved.items():
-            new[new_name] = new.pop(old_name) if old_name in new else read_member(upstream, by_name[old_name])
+            new[new_name] = new.pop(old_name) if old_name in new else release.texts[old_name]
         rows = []
         for name in order[:-1]:
             if name in new:
@@ -690,6 +713,7 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
         hasher.start()
     try:
         members = read_members(upstream)
+        release = ReleaseWheel.read(upstream, members) if wheel is None else None
         changes, blobs = git_side.result()
         result.changes = changes
         check_same_commit(upstream, members, comp.release.package, stack.base, pin)
@@ -710,7 +734,7 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
             built = Path(wheel)
             result.seconds["prepare"] = round(time.monotonic() - t0, 3)
         else:
-            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members, blobs)
+            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members, blobs, release)
             result.seconds.update(info)
     finally:
         if hasher:
@@ -907,7 +931,8 @@ def out_error(out: Path, exc: OSError) -> KvforgeError:
 
 
 def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
-                  members=None, blobs: dict[str, bytes | None] | None = None) -> tuple[Path, dict]:
+                  members=None, blobs: dict[str, bytes | None] | None = None,
+                  release: ReleaseWheel | None = None) -> tuple[Path, dict]:
     """The overlay of `changes` (classified) on `upstream`, written into a stage directory of `out`; `blobs`
     (changed_files') or read here: the changed files on both sides."""
     t = time.monotonic()
@@ -954,7 +979,7 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
     w0 = time.monotonic()
     try:
         stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members,
-                        result.local_version or None)
+                        result.local_version or None, release)
     except OSError as exc:
         shutil.rmtree(stage, ignore_errors=True)
         if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):

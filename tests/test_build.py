@@ -400,7 +400,8 @@ def test_the_changed_files_are_read_by_blob_id_as_by_path(overlaid):
 
 
 def test_a_wheel_whose_record_disagrees_is_refused_and_leaves_no_stage(overlaid):
-    """The RECORD check runs while the package files are copied: its refusal removes what was being written."""
+    """RECORD is checked against the archive (prepare_wheel does it while git reads the changed files): a
+    refusal leaves nothing in --out."""
     base, tmp = overlaid["base"], overlaid["tmp"]
     (tmp / "norec").mkdir()
     bad = make_wheel(tmp / "norec" / WHEEL_NAME, base_files(base))
