@@ -203,7 +203,9 @@ def download_wheel(component: Component, cache: Cache, say: Progress, pin: Wheel
         raise KvforgeError(f"{pin.filename}: the index says sha256 {listed}, the target pins {pin.sha256}",
                            EXIT_NETWORK)
     url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
-    return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
+    path = download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
+    Hasher.stamp_checked(path, pin.sha256)  # hashed while downloading: the first build need not hash it again
+    return path
 
 
 def choose_wheels(package: str, version: str, upload: int | None = None) -> dict[str, WheelPin]:
@@ -292,6 +294,14 @@ class Hasher(threading.Thread):
             self.key = key
         except OSError as exc:
             self.error = exc
+
+    @classmethod
+    def stamp_checked(cls, path: Path, sha256: str) -> None:
+        """Stamp a file whose sha256 was just checked (download_pinned's)."""
+        hasher = cls(path)
+        with contextlib.suppress(OSError):
+            hasher.key, hasher.digest = hasher._stat_key(), sha256
+            hasher.record()
 
     def record(self) -> None:
         """Stamp the file as verified (call once its sha256 matched the pin)."""

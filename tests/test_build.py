@@ -385,6 +385,29 @@ def test_pip_installs_it_and_record_and_modules_check_out(overlaid):
     assert any(UTILS in p for p in kbuild.check_modules(stack, site, changes, rev)["problems"])
 
 
+def test_a_downloaded_wheel_is_stamped_so_the_first_build_does_not_hash_it_again(tmp_path, monkeypatch):
+    """download_pinned checks the sha256 while it downloads; the stamp it leaves lets the build's Hasher take
+    the digest without reading the file; a file rewritten since (new ctime) is hashed again."""
+    from kvforge.targets import WheelPin
+
+    (tmp_path / "src").mkdir()
+    src = make_wheel(tmp_path / "src" / WHEEL_NAME, {"vllm/a.py": b"a = 1\n"})
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    cache = Cache(tmp_path / "cache")
+    entry = {"filename": WHEEL_NAME, "url": src.as_uri(), "digests": {"sha256": sha}, "size": src.stat().st_size}
+    monkeypatch.setattr(kbuild, "release_files", lambda *_a: ("https://pypi.invalid/simple/", [entry]))
+    comp = type("C", (), {"release": type("R", (), {"package": "vllm", "version": "0.20.2"})(), "wheel": None})()
+    path = kbuild.download_wheel(comp, cache, lambda _m: None, WheelPin(WHEEL_NAME, sha))
+    assert path.read_bytes() == src.read_bytes()
+    hasher = kbuild.Hasher(path)
+    hasher.run()
+    assert (hasher.stamped, hasher.digest) == (True, sha)
+    path.write_bytes(path.read_bytes())  # same bytes, rewritten: the stamp no longer vouches for it
+    again = kbuild.Hasher(path)
+    again.run()
+    assert (again.stamped, again.digest) == (False, sha)
+
+
 def test_the_changed_files_are_read_by_blob_id_as_by_path(overlaid):
     """changed_files (one git diff --raw, one cat-file by blob id, in build_target's thread) gives the changes
     diff_paths gives and, for the package's files and pyproject.toml, the bytes read_blobs reads by path."""
