@@ -94,8 +94,8 @@ from .platforms import DEVICES, PACKAGE_BUILDS, Device, PackageBuild, package_bu
 from .targets import ARCHES, Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
 from .trees import Stack, open_stack, resolve_from
-from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
-                    read_members, record_hash, wheel_sort_key)
+from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, local_spans, parse_record,
+                    read_member, read_members, record_hash, wheel_sort_key)
 
 # Writing to --out failed for a reason of its file system: full, over quota, file too large, read-only, denied
 OUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -343,7 +343,7 @@ NO_BLOB = "0" * 40
 def diff_raw(repo: Path, base: str, head: str) -> tuple[list[Change], dict[str, tuple[str, str]]]:
     """`git diff --raw` between two commits: the changed paths (sorted) and, per path, its blob ids
     (base, head), NO_BLOB on the side where it does not exist."""
-    out = gitutil.run(repo.parent, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base, head,
+    out = gitutil.run(repo.parent, "diff-tree", "-r", "--raw", "--no-renames", "--no-abbrev", "-z", base, head,
                       env={"GIT_DIR": str(repo)}, binary=True).stdout.decode("utf-8", "surrogateescape")
     items = out.split("\0")
     changes, ids = [], {}
@@ -358,12 +358,17 @@ def diff_raw(repo: Path, base: str, head: str) -> tuple[list[Change], dict[str, 
 def changed_files(repo: Path, rev: dict, rules: PackageBuild) -> tuple[list[Change], dict[str, bytes | None]]:
     """What the series changes, and the bytes on both sides of each changed path an overlay may read (its
     import packages' files and pyproject.toml), as read_blobs keys them ("<commit>:<path>", None where the
-    path does not exist): one `git diff --raw` and one `git cat-file --batch` by blob id, no tree walked
-    (build_target runs it in a thread while it reads the wheel). write_overlay reads any other it needs."""
+    path does not exist): one `git diff-tree --raw`, then a `git cat-file --batch` by blob id per side, the
+    two at once; no tree walked (prepare_wheel runs this in a thread while it reads the wheel).
+    write_overlay reads any other it needs."""
     changes, ids = diff_raw(repo, rev["base"], rev["patched"])
     packages = tuple(f"{name}/" for name in rules.import_packages)
     ids = {path: pair for path, pair in ids.items() if path.startswith(packages) or path == "pyproject.toml"}
-    objects = read_blobs(repo, sorted({oid for pair in ids.values() for oid in pair if oid != NO_BLOB}))
+    base_ids = sorted({old for old, _new in ids.values() if old != NO_BLOB})
+    base_side = Background(lambda: read_blobs(repo, base_ids))
+    base_side.start()
+    objects = read_blobs(repo, sorted({new for _old, new in ids.values() if new != NO_BLOB} - set(base_ids)))
+    objects.update(base_side.result())
     blobs: dict[str, bytes | None] = {}
     for path, pair in ids.items():
         for which, oid in zip(("base", "patched"), pair):
@@ -490,7 +495,8 @@ def _metadata_text(text: str, version: str) -> bytes:
 @dataclass
 class ReleaseWheel:
     """A release wheel's directory, checked, and what an overlay reads of it: one .dist-info directory with
-    RECORD and WHEEL; RECORD lists exactly the archive's files, each with its size; the dist-info's files.
+    RECORD and WHEEL; RECORD lists exactly the archive's files, each with its size; every local header agrees
+    with the central directory; the dist-info's files.
     prepare_wheel reads it while git reads the changed files."""
 
     path: Path
@@ -500,6 +506,7 @@ class ReleaseWheel:
     record: dict[str, tuple[str, str]]
     present: set[str]  # the archive's files but RECORD and its signatures
     texts: dict[str, bytes]  # the dist-info's files (rewritten when the version changes)
+    spans: dict[str, tuple[int, int]]  # each member's local header + data, checked (wheel.local_spans)
 
     @classmethod
     def read(cls, path: Path, members=None) -> "ReleaseWheel":
@@ -524,7 +531,7 @@ class ReleaseWheel:
             if record[name][1] != str(by_name[name].file_size):
                 raise WheelError(f"{path.name}: RECORD gives {name} {record[name][1]} bytes, the zip "
                                  f"{by_name[name].file_size}")
-        return cls(path, members, by_name, info, record, present, texts)
+        return cls(path, members, by_name, info, record, present, texts, local_spans(path, members))
 
 
 def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
@@ -566,7 +573,7 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
                 w.add(name, new[name], stamp, mode_of(name, name))
                 written += 1
             else:
-                w.copy(src, by_name[name], upstream.name)
+                w.copy(src, by_name[name], upstream.name, release.spans[name])
                 copied += 1
         # While the kernel copies the package files: the dist-info and RECORD.
         new[wheel_name] = _wheel_text(release.texts[wheel_name].decode("utf-8"), build_tag)
@@ -589,7 +596,7 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
                 w.add(name, new[name], stamp, mode_of(name, source.get(name, name)))
                 written += 1
             else:
-                w.copy(src, by_name[name], upstream.name)
+                w.copy(src, by_name[name], upstream.name, release.spans[name])
                 copied += 1
         w.close()
         dst.flush()
@@ -715,7 +722,7 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
                          "for CUDA, GBs); run the command on a build machine")
         return result
 
-    git_side = Background(lambda: changed_files(repo, rev, rules))  # git reads while the wheel's directory is read
+    git_side = Background(lambda: changed_files(repo, rev, rules))  # git reads while the wheel is read
     git_side.start()
     upstream = wheel or download_wheel(comp, ctx.cache, say, pin)
     hasher = Hasher(upstream) if wheel is None else None

@@ -176,6 +176,14 @@ def _local_span(buf, m: Member, where: str) -> tuple[int, int]:
     return m.offset, end - m.offset
 
 
+def local_spans(path: Path, members: list[Member]) -> dict[str, tuple[int, int]]:
+    """{name: (start, length)} of each member's local header, data and descriptor in `path`, each local header
+    checked against the central directory (what RawZipWriter.copy checks, done ahead)."""
+    where = Path(path).name
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return {m.name: _local_span(buf, m, where) for m in members}
+
+
 def read_member(path: Path, m: Member) -> bytes:
     """The uncompressed bytes of one member (CRC-checked)."""
     with open(path, "rb") as fh:
@@ -259,10 +267,11 @@ class RawZipWriter:
             self.copier.submit(src.fileno(), start, length, at)
             self.pending = None
 
-    def copy(self, src_fh, m: Member, where: str) -> None:
-        """Copy member `m` (from read_members: its name is checked) of the open file `src_fh` as it is stored."""
+    def copy(self, src_fh, m: Member, where: str, span: tuple[int, int] | None = None) -> None:
+        """Copy member `m` (from read_members: its name is checked) of the open file `src_fh` as it is stored;
+        `span`: its local_spans entry, when the caller has them."""
         offset = self._start(m.name, checked=True)
-        start, length = _local_span(self._view(src_fh), m, where)
+        start, length = span or _local_span(self._view(src_fh), m, where)
         p = self.pending
         if p and p[0] is src_fh and p[1] + p[2] == start:
             self.pending = (src_fh, p[1], p[2] + length, p[3])
