@@ -228,6 +228,24 @@ def test_duplicate_and_zip64_and_truncated_archives_are_refused(tmp_path):
         read_members(cut)
 
 
+def test_local_headers_are_checked_against_the_central_directory(tmp_path):
+    """wheel.local_spans (what the overlay copies, checked ahead): a local header naming another file, or data
+    running past the end of the file, is refused."""
+    ok = make_wheel(tmp_path / "ok.whl", {"vllm/a.py": b"a = 1\n" * 100})
+    members = read_members(ok)
+    spans = kwheel.local_spans(ok, members)
+    assert spans[members[0].name] == (0, 30 + len(members[0].raw_name) + members[0].compress_size)
+    data = bytearray(ok.read_bytes())
+    data[30:30 + len(b"vllm/a.py")] = b"vllm/b.py"  # the first local header's name
+    (tmp_path / "renamed.whl").write_bytes(bytes(data))
+    with pytest.raises(WheelError, match="names another file"):
+        kwheel.local_spans(tmp_path / "renamed.whl", members)
+    short = kwheel.Member(**{**{f: getattr(members[0], f) for f in members[0].__dataclass_fields__},
+                             "compress_size": len(data)})
+    with pytest.raises(WheelError, match="disagree|past the end"):
+        kwheel.local_spans(ok, [short])
+
+
 def test_record_paths_are_checked(tmp_path):
     with pytest.raises(WheelError, match="'..'"):
         parse_record("vllm/a.py,sha256=x,1\nvllm/../../x,sha256=y,2\n", "w")
