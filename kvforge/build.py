@@ -539,8 +539,7 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
             release: ReleaseWheel | None = None) -> dict:
     """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
     dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged.
-    `release`: upstream's ReleaseWheel, when the caller has read it. The package files are written first
-    (their copies run in the writer's background thread while the dist-info and RECORD are made)."""
+    `release`: upstream's ReleaseWheel, when the caller has read it."""
     release = release or ReleaseWheel.read(upstream, members)
     members, by_name, info, record, present = (release.members, release.by_name, release.info, release.record,
                                                release.present)
@@ -575,7 +574,7 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
             else:
                 w.copy(src, by_name[name], upstream.name, release.spans[name])
                 copied += 1
-        # While the kernel copies the package files: the dist-info and RECORD.
+        # The dist-info and RECORD, after the package files.
         new[wheel_name] = _wheel_text(release.texts[wheel_name].decode("utf-8"), build_tag)
         new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
         if version is not None and meta_name in generated:
