@@ -86,7 +86,7 @@ from . import gitutil
 from .bases import STALE_DOWNLOAD, Base, Progress, download_pinned, parse_commit_id, release_files
 from .cache import Cache
 from .env import Env, target_env
-from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .errors import EXIT_ENV, EXIT_INTERNAL, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, remove_stale, sha256_file
 from .outcome import Done
 from .components import layer
@@ -355,13 +355,11 @@ def diff_raw(repo: Path, base: str, head: str) -> tuple[list[Change], dict[str, 
     return sorted(changes, key=lambda c: c.path), ids
 
 
-def changed_files(repo: Path, rev: dict, rules: PackageBuild) -> tuple[list[Change], dict[str, bytes | None]]:
-    """What the series changes, and the bytes on both sides of each changed path an overlay may read (its
-    import packages' files and pyproject.toml), as read_blobs keys them ("<commit>:<path>", None where the
-    path does not exist): one `git diff-tree --raw`, then a `git cat-file --batch` by blob id per side, the
-    two at once; no tree walked (prepare_wheel runs this in a thread while it reads the wheel).
-    write_overlay reads any other it needs."""
-    changes, ids = diff_raw(repo, rev["base"], rev["patched"])
+def changed_blobs(repo: Path, rev: dict, ids: dict[str, tuple[str, str]], rules: PackageBuild) -> dict[str, bytes | None]:
+    """The bytes on both sides of each changed path an overlay may read (its import packages' files and
+    pyproject.toml; `ids`: diff_raw's), as read_blobs keys them ("<commit>:<path>", None where the path does
+    not exist): a `git cat-file --batch` by blob id per side, the two at once, no tree walked (prepare_wheel
+    runs this in a thread while it reads the wheel). write_overlay reads any other it needs."""
     packages = tuple(f"{name}/" for name in rules.import_packages)
     ids = {path: pair for path, pair in ids.items() if path.startswith(packages) or path == "pyproject.toml"}
     base_ids = sorted({old for old, _new in ids.values() if old != NO_BLOB})
@@ -373,7 +371,13 @@ def changed_files(repo: Path, rev: dict, rules: PackageBuild) -> tuple[list[Chan
     for path, pair in ids.items():
         for which, oid in zip(("base", "patched"), pair):
             blobs[f"{rev[which]}:{path}"] = None if oid == NO_BLOB else objects[oid]
-    return changes, blobs
+    return blobs
+
+
+def changed_files(repo: Path, rev: dict, rules: PackageBuild) -> tuple[list[Change], dict[str, bytes | None]]:
+    """What the series changes (one `git diff-tree --raw`) and changed_blobs' bytes."""
+    changes, ids = diff_raw(repo, rev["base"], rev["patched"])
+    return changes, changed_blobs(repo, rev, ids, rules)
 
 
 class Background(threading.Thread):
@@ -534,47 +538,71 @@ class ReleaseWheel:
         return cls(path, members, by_name, info, record, present, texts, local_spans(path, members))
 
 
-def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
-            identity: dict, build_tag: str, members=None, version: str | None = None,
-            release: ReleaseWheel | None = None) -> dict:
-    """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
-    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged.
-    `release`: upstream's ReleaseWheel, when the caller has read it."""
-    release = release or ReleaseWheel.read(upstream, members)
-    members, by_name, info, record, present = (release.members, release.by_name, release.info, release.record,
-                                               release.present)
-    record_name, wheel_name, meta_name = f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"
-    for name in add:
-        if name in by_name:
-            raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
-    new: dict[str, bytes] = {**replace, **add}
-    generated = {wheel_name, f"{info}/{IDENTITY_FILE}"} | ({meta_name} if version is not None and meta_name in by_name
-                                                          else set())
-    names = (present | set(new) | generated) - remove
-    final_info, moved = info, {}
-    if version is not None:  # the dist-info directory is named after the version: every member moves
-        final_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
-        moved = {n: final_info + n[len(info):] for n in names if n.startswith(info + "/")}
-        names = (names - set(moved)) | set(moved.values())
-    final_record = f"{final_info}/RECORD"
-    order = sorted(names, key=lambda n: wheel_sort_key(n, final_info)) + [final_record]
-    in_info = sum(1 for n in order if n.startswith(final_info + "/"))
-    package_part, info_part = order[:-in_info], order[-in_info:]  # the package files, then the dist-info
+class Overlay:
+    """An overlay being written to `out_path`: opened on the release wheel, with the package files that sort
+    before the first path the series may change (`changed`: any changed path in the wheel or in its import
+    packages) copied at once, since their places depend on nothing else (prepare_wheel does it while git
+    reads the changed files); finish() writes the rest. abort() closes the files (the caller removes them)."""
 
-    def mode_of(name: str, source: str) -> int:
-        return (by_name[source].mode & 0o7777 if source in by_name else 0o644) or 0o644
+    def __init__(self, release: ReleaseWheel, out_path: Path, changed: set[str]):
+        self.release, self.out_path = release, out_path
+        t = time.monotonic()
+        first = min(changed, default=None)
+        info = release.info + "/"
+        self.prefix = sorted(n for n in release.present if not n.startswith(info) and (first is None or n < first))
+        self.src = open(release.path, "rb")
+        try:
+            self.dst = open(out_path, "wb")
+        except BaseException:
+            self.src.close()
+            raise
+        self.w = RawZipWriter(self.dst)
+        try:
+            for name in self.prefix:
+                self.w.copy(self.src, release.by_name[name], release.path.name, release.spans[name])
+            self.w.flush()
+        except BaseException:
+            self.abort()
+            raise
+        self.seconds = time.monotonic() - t
 
-    copied = written = 0
-    with open(upstream, "rb") as src, open(out_path, "wb") as dst, RawZipWriter(dst) as w:
+    def abort(self) -> None:
+        self.w.abort()
+        self.dst.close()
+        self.src.close()
+
+    def finish(self, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str], identity: dict,
+               build_tag: str, version: str | None = None) -> dict:
+        """Write the rest and close; return {"members", "copied", "written", "dist_info"}. See overlay()."""
+        try:
+            return self._finish(replace, add, remove, identity, build_tag, version)
+        finally:
+            self.abort()
+
+    def _finish(self, replace, add, remove, identity, build_tag, version) -> dict:
+        release, w, upstream = self.release, self.w, self.release.path
+        members, by_name, info, record, present = (release.members, release.by_name, release.info, release.record,
+                                                   release.present)
+        record_name, wheel_name, meta_name = f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"
+        for name in add:
+            if name in by_name:
+                raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
+        new: dict[str, bytes] = {**replace, **add}
+        generated = {wheel_name, f"{info}/{IDENTITY_FILE}"} | (
+            {meta_name} if version is not None and meta_name in by_name else set())
+        names = (present | set(new) | generated) - remove
+        final_info, moved = info, {}
+        if version is not None:  # the dist-info directory is named after the version: every member moves
+            final_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
+            moved = {n: final_info + n[len(info):] for n in names if n.startswith(info + "/")}
+            names = (names - set(moved)) | set(moved.values())
+        final_record = f"{final_info}/RECORD"
+        order = sorted(names, key=lambda n: wheel_sort_key(n, final_info)) + [final_record]
+        done = len(self.prefix)
+        if order[:done] != self.prefix:  # the series changed a path before the first one it was said to change
+            raise KvforgeError(f"{upstream.name}: the overlay's first {done} members are not the wheel's; a "
+                               "kvforge bug", EXIT_INTERNAL)
         stamp = max(date_time_of(m) for m in members)
-        for name in package_part:
-            if name in new:
-                w.add(name, new[name], stamp, mode_of(name, name))
-                written += 1
-            else:
-                w.copy(src, by_name[name], upstream.name, release.spans[name])
-                copied += 1
-        # The dist-info and RECORD, after the package files.
         new[wheel_name] = _wheel_text(release.texts[wheel_name].decode("utf-8"), build_tag)
         new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
         if version is not None and meta_name in generated:
@@ -590,16 +618,30 @@ def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict
                 rows.append((name, *record[source.get(name, name)]))
         rows.append((final_record, "", ""))
         new[final_record] = format_record(rows)
-        for name in info_part:
+        copied, written = done, 0
+        for name in order[done:]:
             if name in new:
-                w.add(name, new[name], stamp, mode_of(name, source.get(name, name)))
+                old = source.get(name, name)
+                w.add(name, new[name], stamp, (by_name[old].mode & 0o7777 if old in by_name else 0o644) or 0o644)
                 written += 1
             else:
-                w.copy(src, by_name[name], upstream.name, release.spans[name])
+                w.copy(self.src, by_name[name], upstream.name, release.spans[name])
                 copied += 1
         w.close()
-        dst.flush()
-    return {"members": len(order), "copied": copied, "written": written, "dist_info": final_info}
+        self.dst.flush()
+        return {"members": len(order), "copied": copied, "written": written, "dist_info": final_info}
+
+
+def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
+            identity: dict, build_tag: str, members=None, version: str | None = None,
+            release: ReleaseWheel | None = None) -> dict:
+    """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
+    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged.
+    `release`: upstream's ReleaseWheel, when the caller has read it. Members in wheel order: package files by
+    name, then the dist-info, RECORD last; unchanged ones copied as stored, new ones STORED."""
+    release = release or ReleaseWheel.read(upstream, members)
+    return Overlay(release, out_path, set(replace) | set(add) | set(remove)).finish(
+        replace, add, remove, identity, build_tag, version)
 
 
 # ---------------------------------------------------------------- the command
@@ -708,9 +750,10 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
     out = Path(out)
     repo = stack.base.repo
     rev = {"base": stack.base.commit, "patched": patched}
+    changes, ids = diff_raw(repo, stack.base.commit, patched)
+    result.changes = changes
 
     if mode == "source":
-        changes = result.changes = diff_paths(repo, stack.base.commit, patched)
         compile_needed = any(c.path.startswith(COMPILE_PREFIXES) or c.path in COMPILE_FILES for c in changes)
         wheel_path = str(ctx.cache.root / "downloads" / pin.filename)
         result.command = source_command(ctx, wheel_path, out, compile_needed)
@@ -721,18 +764,22 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
                          "for CUDA, GBs); run the command on a build machine")
         return result
 
-    git_side = Background(lambda: changed_files(repo, rev, rules))  # git reads while the wheel is read
+    git_side = Background(lambda: changed_blobs(repo, rev, ids, rules))  # git reads while the wheel is read
     git_side.start()
     upstream = wheel or download_wheel(comp, ctx.cache, say, pin)
     hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
+    out_existed, started = out.exists(), None
     try:
         members = read_members(upstream)
-        release = ReleaseWheel.read(upstream, members) if wheel is None else None
-        changes, blobs = git_side.result()
-        result.changes = changes
         check_same_commit(upstream, members, comp.release.package, stack.base, pin)
+        if wheel is None:  # the wheel checked, and the members before the first changed path copied
+            release = ReleaseWheel.read(upstream, members)
+            stage = make_stage(out)
+            with writing_stage(out, stage, stage / result.filename):
+                started = Overlay(release, stage / result.filename, changed_package_paths(changes, release, rules))
+        blobs = git_side.result()
         classify(changes, {m.name for m in members}, lambda which, p: blobs.get(f"{rev[which]}:{p}"), rules)
         refused = [c for c in changes if c.action == "refused"]
         if refused:
@@ -750,8 +797,17 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
             built = Path(wheel)
             result.seconds["prepare"] = round(time.monotonic() - t0, 3)
         else:
-            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members, blobs, release)
+            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members, blobs, release,
+                                        started)
             result.seconds.update(info)
+    except BaseException:
+        if started is not None:  # refused, or failed: nothing of this build stays in --out
+            started.abort()
+            shutil.rmtree(started.out_path.parent, ignore_errors=True)
+            if not out_existed:
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+        raise
     finally:
         if hasher:
             hasher.join()
@@ -946,11 +1002,52 @@ def out_error(out: Path, exc: OSError) -> KvforgeError:
                         EXIT_ENV)
 
 
+def make_stage(out: Path) -> Path:
+    """`out` (made if missing) and in it a new stage directory of this process, <out>/.kvforge-build-<pid>
+    (stale ones of dead processes removed): the wheel is written there, and named in `out` once verified."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvforgeError(f"--out {out}: cannot create it ({exc.strerror or exc})", EXIT_ENV) from None
+    with contextlib.suppress(OSError):
+        remove_stale(out, STALE_STAGE)
+    stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir()
+    except OSError as exc:
+        raise out_error(out, exc) from None
+    return stage
+
+
+@contextlib.contextmanager
+def writing_stage(out: Path, stage: Path, part: Path):
+    """Errors while the wheel is written: the stage is removed; a write --out's disk refuses is exit 5, one
+    line (an error reading the cached wheel is not)."""
+    try:
+        yield
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
+            raise
+        raise out_error(out, exc) from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def changed_package_paths(changes: list[Change], release: ReleaseWheel, rules: PackageBuild) -> set[str]:
+    """The changed paths an overlay may replace, add or remove: those in the wheel or in its import packages."""
+    packages = tuple(f"{name}/" for name in rules.import_packages)
+    return {c.path for c in changes if c.path in release.by_name or c.path.startswith(packages)}
+
+
 def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
                   members=None, blobs: dict[str, bytes | None] | None = None,
-                  release: ReleaseWheel | None = None) -> tuple[Path, dict]:
-    """The overlay of `changes` (classified) on `upstream`, written into a stage directory of `out`; `blobs`
-    (changed_files') or read here: the changed files on both sides."""
+                  release: ReleaseWheel | None = None, started: Overlay | None = None) -> tuple[Path, dict]:
+    """The overlay of `changes` (classified) on `upstream`, written into a stage directory of `out` (or
+    finished in `started`'s, begun by prepare_wheel); `blobs` (changed_files') or read here: the changed
+    files on both sides. The wheel's files the series changes must equal the base's before any is written."""
     t = time.monotonic()
     touched = [c for c in changes if c.action in ("replace", "remove", "add")]
     specs = [f"{rev['base']}:{c.path}" for c in touched if c.action != "add"] + \
@@ -978,35 +1075,25 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
     pin = WheelPin(result.upstream["filename"], result.upstream["sha256"]) if result.upstream.get("filename") \
         else ctx.component.wheel
     identity = _identity(ctx, stack, pin, changes, result.build_tag)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KvforgeError(f"--out {out}: cannot create it ({exc.strerror or exc})", EXIT_ENV) from None
-    with contextlib.suppress(OSError):
-        remove_stale(out, STALE_STAGE)
-    stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
-    shutil.rmtree(stage, ignore_errors=True)
-    try:
-        stage.mkdir()
-    except OSError as exc:
-        raise out_error(out, exc) from None
-    part = stage / result.filename
+    earlier = started.seconds if started is not None else 0.0  # the copies prepare_wheel made
+    if started is None:
+        stage = make_stage(out)
+        part = stage / result.filename
+    else:
+        part = started.out_path
+        stage = part.parent
     prepare = time.monotonic() - t
     w0 = time.monotonic()
-    try:
-        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members,
-                        result.local_version or None, release)
-    except OSError as exc:
-        shutil.rmtree(stage, ignore_errors=True)
-        if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
-            raise  # not a write to --out (reading the cached wheel): not the disk of --out
-        raise out_error(out, exc) from None
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    with writing_stage(out, stage, part):
+        if started is None:
+            release = release or ReleaseWheel.read(upstream, members)
+            started = Overlay(release, part, changed_package_paths(changes, release, package_build(
+                ctx.component.release.package)))
+        stats = started.finish(replace, add, remove, identity, result.build_tag, result.local_version or None)
+    seconds = time.monotonic() - w0 + earlier
     ctx.say(f"wrote {result.filename}: {stats['copied']} members copied as stored, {stats['written']} written "
-            f"({len(replace)} replaced, {len(add)} added, {len(remove)} removed) in {time.monotonic() - w0:.2f}s")
-    return part, {"prepare": round(prepare, 3), "overlay": round(time.monotonic() - w0, 3)}
+            f"({len(replace)} replaced, {len(add)} added, {len(remove)} removed) in {seconds:.2f}s")
+    return part, {"prepare": round(prepare, 3), "overlay": round(seconds, 3)}
 
 
 # ---------------------------------------------------------------- verification

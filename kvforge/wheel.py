@@ -259,6 +259,10 @@ class RawZipWriter:
             self.pending = None
             _copy_range(src.fileno(), start, length, at, self.fd)
 
+    def flush(self) -> None:
+        """Copy what is pending now (copies are merged until a member that does not follow)."""
+        self._flush()
+
     def copy(self, src_fh, m: Member, where: str, span: tuple[int, int] | None = None) -> None:
         """Copy member `m` (from read_members: its name is checked) of the open file `src_fh` as it is stored;
         `span`: its local_spans entry, when the caller has them."""

@@ -517,7 +517,10 @@ def test_compiled_inputs_are_refused_and_mode_source_prints_vllms_build(project,
     assert "and 1 more: setup.py" in doc["error"] and "--mode source" in doc["error"]
     # precompiled .so files would not contain a csrc/ change: a full compile, with the release's exact version
     assert "VLLM_VERSION_OVERRIDE=0.20.2" in doc["command"] and "VLLM_USE_PRECOMPILED" not in doc["command"]
-    assert not list((tmp_path / "out").glob("*.whl"))
+    assert not (tmp_path / "out").exists()  # the stage of the early copies, and the --out made for it, are gone
+    (tmp_path / "kept").mkdir()
+    res = CliRunner().invoke(main, ["build", "--target", "t", "--out", str(tmp_path / "kept")])
+    assert res.exit_code == 2 and list((tmp_path / "kept").iterdir()) == [], res.output  # a user's --out stays
     src = CliRunner().invoke(main, ["build", "--target", "t", "--mode", "source", "--out", str(tmp_path / "o")])
     assert src.exit_code == 7, src.output
     assert "kvforge apply --target t --into vllm-t && cd vllm-t" in src.stdout and "pip wheel" in src.stdout
