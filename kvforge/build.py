@@ -498,22 +498,27 @@ def _metadata_text(text: str, version: str) -> bytes:
 
 @dataclass
 class ReleaseWheel:
-    """A release wheel's directory, checked, and what an overlay reads of it: one .dist-info directory with
-    RECORD and WHEEL; RECORD lists exactly the archive's files, each with its size; every local header agrees
-    with the central directory; the dist-info's files.
-    prepare_wheel reads it while git reads the changed files."""
+    """A release wheel's directory, checked, and what an overlay reads of it. index(): one .dist-info
+    directory with RECORD and WHEEL, every local header agreeing with the central directory (enough to start
+    copying); check(): RECORD lists exactly the archive's files, each with its size, and the dist-info's files
+    are read. prepare_wheel starts the copies between the two, while git reads the changed files."""
 
     path: Path
     members: list
     by_name: dict
     info: str  # the .dist-info directory
-    record: dict[str, tuple[str, str]]
     present: set[str]  # the archive's files but RECORD and its signatures
-    texts: dict[str, bytes]  # the dist-info's files (rewritten when the version changes)
     spans: dict[str, tuple[int, int]]  # each member's local header + data, checked (wheel.local_spans)
+    record: dict[str, tuple[str, str]] = field(default_factory=dict)  # check()'s
+    texts: dict[str, bytes] = field(default_factory=dict)  # the dist-info's files (check()'s)
+    checked: bool = False
 
     @classmethod
     def read(cls, path: Path, members=None) -> "ReleaseWheel":
+        return cls.index(path, members).check()
+
+    @classmethod
+    def index(cls, path: Path, members=None) -> "ReleaseWheel":
         members = members if members is not None else read_members(path)
         by_name = {m.name: m for m in members}
         infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
@@ -523,9 +528,16 @@ class ReleaseWheel:
         record_name = f"{info}/RECORD"
         if record_name not in by_name or f"{info}/WHEEL" not in by_name:
             raise WheelError(f"{path.name}: {info} lacks RECORD or WHEEL")
-        texts = {m.name: read_member(path, m) for m in members if m.name.startswith(info + "/") and not m.is_dir}
-        record = parse_record(texts[record_name].decode("utf-8"), path.name)
         present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
+        return cls(path, members, by_name, info, present, local_spans(path, members))
+
+    def check(self) -> "ReleaseWheel":
+        if self.checked:
+            return self
+        path, info, by_name, present = self.path, self.info, self.by_name, self.present
+        texts = {m.name: read_member(path, m) for m in self.members if m.name.startswith(info + "/") and not m.is_dir}
+        record_name = f"{info}/RECORD"
+        record = parse_record(texts[record_name].decode("utf-8"), path.name)
         listed = set(record) - {record_name}
         if listed != present:
             extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
@@ -535,7 +547,8 @@ class ReleaseWheel:
             if record[name][1] != str(by_name[name].file_size):
                 raise WheelError(f"{path.name}: RECORD gives {name} {record[name][1]} bytes, the zip "
                                  f"{by_name[name].file_size}")
-        return cls(path, members, by_name, info, record, present, texts, local_spans(path, members))
+        self.record, self.texts, self.checked = record, texts, True
+        return self
 
 
 class Overlay:
@@ -580,7 +593,7 @@ class Overlay:
             self.abort()
 
     def _finish(self, replace, add, remove, identity, build_tag, version) -> dict:
-        release, w, upstream = self.release, self.w, self.release.path
+        release, w, upstream = self.release.check(), self.w, self.release.path
         members, by_name, info, record, present = (release.members, release.by_name, release.info, release.record,
                                                    release.present)
         record_name, wheel_name, meta_name = f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"
@@ -770,15 +783,18 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
     hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
-    out_existed, started = out.exists(), None
+    out_existed, started, stage = out.exists(), None, None
     try:
         members = read_members(upstream)
         check_same_commit(upstream, members, comp.release.package, stack.base, pin)
-        if wheel is None:  # the wheel checked, and the members before the first changed path copied
-            release = ReleaseWheel.read(upstream, members)
+        if wheel is None:  # the members before the first changed path copied (the big ones by a thread) ...
+            release = ReleaseWheel.index(upstream, members)
             stage = make_stage(out)
             with writing_stage(out, stage, stage / result.filename):
                 started = Overlay(release, stage / result.filename, changed_package_paths(changes, release, rules))
+            release.check()  # ... while RECORD is checked
+        else:
+            release = None
         blobs = git_side.result()
         classify(changes, {m.name for m in members}, lambda which, p: blobs.get(f"{rev[which]}:{p}"), rules)
         refused = [c for c in changes if c.action == "refused"]
@@ -801,9 +817,10 @@ def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", 
                                         started)
             result.seconds.update(info)
     except BaseException:
-        if started is not None:  # refused, or failed: nothing of this build stays in --out
+        if started is not None:
             started.abort()
-            shutil.rmtree(started.out_path.parent, ignore_errors=True)
+        if stage is not None:  # refused, or failed: nothing of this build stays in --out
+            shutil.rmtree(stage, ignore_errors=True)
             if not out_existed:
                 with contextlib.suppress(OSError):
                     out.rmdir()
