@@ -17,7 +17,10 @@ third_party, data, dist-info) is copied as stored, without recompressing; the fi
 changes are replaced by the patched tree's, new vllm/**/*.py files are added and deleted ones
 dropped; RECORD is rewritten (sha256 and size of every file). Before anything is replaced, each
 of those files in the wheel must equal the base tree's, so an overlay never mixes a wheel with a
-base it was not built from.
+base it was not built from. Order of work (prepare_wheel, timed by bench/build_vs_cp.py): one `git
+diff-tree`; git reads the changed files' blobs in a thread while the wheel's directory is read and the
+members that sort before the first changed path are copied into the stage (the big ones by the writer's
+thread); then the checks, the changed files and the dist-info. A refusal removes the stage.
 
 Identity. The distribution version gets a local label (`local_version`: `0.20.2+kvforge.<target>.<digest>`,
 what pip freeze/show and lock files show); `vllm.__version__` (vllm/_version.py) stays the release's, so
