@@ -3,11 +3,14 @@
 
 For a target (default v0.20.2rc) with a [components.wheel] pin: the release wheel (downloaded once
 into the kvforge cache) is
-- copied with `cp` (the floor: every byte read and written once);
-- overlaid the way `kvforge build` does before it verifies: the series' stack (reused from the
-  cache), the changed files from git, the check that the wheel's files equal the base's, the raw
-  copy of every unchanged member, the new RECORD, and the sha256 of the input checked in a thread
-  (`prepare + overlay`); `overlay` alone is the writing of the wheel;
+- copied with `cp` to a new file, as kvforge writes a new file (the floor: every byte read and written
+  once); the copy is deleted outside the timing. (`cp` onto the previous run's copy also truncates it,
+  which costs 2-3x the copy itself on ext4: that is not the alternative; --wheels shows it apart.)
+- overlaid the way `kvforge build` does before it verifies: build.prepare_wheel itself, i.e. the series'
+  stack (reused from the cache), the changed files from git, the checks (RECORD against the archive, the
+  wheel's files equal to the base's, the wheel built from the base's commit), the raw copy of every
+  unchanged member, the new RECORD, and the sha256 of the input checked in a thread (`prepare + overlay`);
+  `overlay` alone is the writing of the wheel;
 - unpacked and packed again with the `wheel` tool after replacing the same files (the naive way:
   every member is decompressed and compressed again).
 Each is run --runs times (median shown). The output wheels of the overlay are compared: equal
@@ -18,10 +21,14 @@ times; `kvforge build` prints it separately ("verify"), and --with-verify runs o
 
 --wheels: one line per kind of wheel `kvforge build` makes for the target (vLLM x86_64 and aarch64,
 vllm-ascend x86_64 and aarch64, vLLM for device empty), verification apart, each against its obvious
-alternative: `cp` of the release wheel for an overlay; for --device empty, vLLM's own `pip wheel` of the
-unpatched tree with VLLM_TARGET_DEVICE=empty (same env, same build tools). Goal: <= 2x.
+alternative: `cp` of the release wheel to a new file for an overlay; for --device empty, vLLM's own
+`pip wheel` of the unpatched tree with VLLM_TARGET_DEVICE=empty (same env, same build tools). Goal: <= 2x.
+Shown apart: "stack s", the part of kvforge's time that is open_stack (the series files parsed, the
+stack's refs read); "sha256 s", hashing the input wheel, which a build does (in a thread, next to the
+overlay) only when the file has no stamp of an earlier check (download_wheel stamps what it downloads);
+"cp onto s", `cp` onto the previous copy.
 
-    python bench/build_vs_cp.py --wheels [--target v0.20.2rc] [--runs 1]
+    python bench/build_vs_cp.py --wheels [--target v0.20.2rc] [--runs 1] [--no-device]
 """
 
 from __future__ import annotations
@@ -47,7 +54,6 @@ from kvforge.context import Context  # noqa: E402
 from kvforge.fsutil import sha256_file  # noqa: E402
 from kvforge.platforms import DEVICES, package_build  # noqa: E402
 from kvforge.trees import open_stack  # noqa: E402
-from kvforge.wheel import read_members  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -56,29 +62,20 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def cp_new_file(upstream: Path, dest: Path) -> float:
+    """`cp` of the release wheel to a new file (as kvforge writes a new file); the copy is removed outside the
+    timing. (cp onto the copy of the previous run would also truncate it: 2-3x slower, not the alternative.)"""
+    t = timed(lambda: subprocess.run(["cp", str(upstream), str(dest)], check=True))
+    dest.unlink()
+    return t
+
+
 def overlay_like_build(ctx, out: Path, pin=None) -> tuple[Path, dict]:
-    """What `kvforge build` does before verification (build_target up to the verified rename)."""
-    comp = ctx.component
-    pin = pin or comp.wheel
-    stack = open_stack(ctx)
-    patched = stack.commits[-1]
-    upstream = kbuild.download_wheel(comp, ctx.cache, ctx.say, pin)
-    hasher = kbuild.Hasher(upstream)
-    hasher.start()
-    changes = kbuild.diff_paths(stack.base.repo, stack.base.commit, patched)
-    members = read_members(upstream)
-    kbuild.classify(changes, {m.name for m in members}, lambda *_: None, package_build(comp.release.package))
-    res = kbuild.BuildResult(ctx.target.name, comp.name, "overlay", comp.release.version)
-    res.upstream = {"filename": pin.filename, "sha256": pin.sha256}
-    res.build_tag = kbuild.build_tag_for(pin.filename, stack.digest)
-    res.local_version = kbuild.local_version(comp.release.version, ctx.target.name, stack.digest)
-    res.filename = kbuild.output_filename(pin.filename, res.build_tag, res.local_version)
-    built, secs = kbuild.write_overlay(ctx, stack, upstream, out, changes,
-                                       {"base": stack.base.commit, "patched": patched}, res, members)
-    hasher.join()
-    assert hasher.digest == pin.sha256, "the cached release wheel does not match its pin"
-    hasher.record()
-    return built, {**secs, "replaced": [c.path for c in changes if c.action in ("replace", "add", "remove")]}
+    """What `kvforge build` does before verification: build.prepare_wheel (build_target up to verification)."""
+    prep = kbuild.prepare_wheel(ctx, out, pin=pin or ctx.component.wheel)
+    assert not isinstance(prep, kbuild.BuildResult)
+    replaced = [c.path for c in prep.changes if c.action in ("replace", "add", "remove")]
+    return prep.built, {**prep.result.seconds, "replaced": replaced}
 
 
 def per_wheel(args) -> int:
@@ -96,20 +93,25 @@ def per_wheel(args) -> int:
                 pins = [w for w, _pinned in chosen if w.arch == arch][-1:]  # one per kind (vllm_ascend: its newest Python)
                 for pin in pins:
                     upstream = kbuild.download_wheel(comp, ctx.cache, say, pin)
-                    cps, ours, digests = [], [], set()
+                    cps, ours, stacks, onto, digests = [], [], [], [], set()
+                    hashing = timed(lambda: sha256_file(upstream))
                     for i in range(args.runs):
-                        cps.append(timed(lambda: subprocess.run(["cp", str(upstream), str(tmp / "cp.whl")], check=True)))
+                        cps.append(cp_new_file(upstream, tmp / "cp.whl"))
+                        onto.append(timed(lambda: subprocess.run(["cp", str(upstream), str(tmp / "onto.whl")],
+                                                                 check=True)))
                         t = time.perf_counter()
-                        built, _ = overlay_like_build(ctx, tmp / f"ov{i}", pin)
+                        built, secs = overlay_like_build(ctx, tmp / f"ov{i}", pin)
                         ours.append(time.perf_counter() - t)
+                        stacks.append(secs["stack"])
                         digests.add(sha256_file(built))
                         shutil.rmtree(tmp / f"ov{i}")
-                    rows.append((f"{comp.name} {arch} overlay", pin.filename, "cp of the release wheel", cps, ours,
-                                 len(digests) == 1))
+                    (tmp / "onto.whl").unlink()
+                    rows.append((f"{comp.name} {arch} overlay", pin.filename, "cp of the release wheel (new file)",
+                                 cps, ours, stacks, len(digests) == 1, hashing, onto))
             for dev in DEVICES.values():
-                if comp.release.package.lower() not in dev.packages or args.runs < 1:
+                if comp.release.package.lower() not in dev.packages or args.runs < 1 or args.no_device:
                     continue
-                own, ours, digests = [], [], set()
+                own, ours, stacks, digests = [], [], [], set()
                 for i in range(args.runs):
                     own.append(timed(lambda i=i: own_device_build(ctx, dev, tmp / f"own{i}")))
                     real_verify = kbuild.verify_wheel
@@ -120,15 +122,19 @@ def per_wheel(args) -> int:
                         ours.append(time.perf_counter() - t)
                     finally:
                         kbuild.verify_wheel = real_verify
+                    stacks.append(res.seconds.get("stack", 0.0))
                     digests.add(res.sha256)
                 rows.append((f"{comp.name} device {dev.name}", res.filename, f"vLLM's own pip wheel (unpatched, "
-                             f"VLLM_TARGET_DEVICE={dev.name})", own, ours, len(digests) == 1))
-    print(f"{'wheel':<28} {'kvforge s':>9} {'alt s':>7} {'x alt':>6} {'<=2x':>5} {'same bytes':>10}  alternative")
+                             f"VLLM_TARGET_DEVICE={dev.name})", own, ours, stacks, len(digests) == 1, None, None))
+    print(f"{'wheel':<28} {'kvforge s':>9} {'stack s':>7} {'alt s':>7} {'x alt':>6} {'<=2x':>5} {'same bytes':>10} "
+          f"{'sha256 s':>8} {'cp onto s':>9}  alternative")
     worst = 0.0
-    for name, _file, alt, alts, ours, same in rows:
-        a, o = statistics.median(alts), statistics.median(ours)
+    for name, _file, alt, alts, ours, stacks, same, hashing, onto in rows:
+        a, o, st = statistics.median(alts), statistics.median(ours), statistics.median(stacks)
         worst = max(worst, o / a)
-        print(f"{name:<28} {o:>9.2f} {a:>7.2f} {o / a:>6.2f} {'yes' if o / a <= 2 else 'NO':>5} {str(same):>10}  {alt}")
+        apart = (f"{hashing:>8.3f} {statistics.median(onto):>9.3f}" if onto else f"{'-':>8} {'-':>9}")
+        print(f"{name:<28} {o:>9.3f} {st:>7.3f} {a:>7.3f} {o / a:>6.2f} {'yes' if o / a <= 2 else 'NO':>5} "
+              f"{str(same):>10} {apart}  {alt}")
     print(f"{len(rows)} kinds of wheel, {args.runs} runs each (median), verification apart; worst {worst:.2f}x")
     return 0
 
@@ -158,6 +164,7 @@ def main() -> int:
     ap.add_argument("--wheels", action="store_true", help="a line per kind of wheel (see above)")
     ap.add_argument("--source", choices=["auto", "git", "sdist"], default="auto", help="where the bases come from")
     ap.add_argument("--with-verify", action="store_true", help="also run one full `kvforge build` (with verification)")
+    ap.add_argument("--no-device", action="store_true", help="--wheels: leave out the --device lines (minutes)")
     args = ap.parse_args()
     os.environ.setdefault("KVFORGE_ROOT", str(ROOT))
     if args.wheels:
@@ -170,8 +177,7 @@ def main() -> int:
     rows = {}
     with tempfile.TemporaryDirectory(prefix="kvforge-bench-", dir=ctx.cache.root) as tmp:
         tmp = Path(tmp)
-        rows["cp"] = [timed(lambda: subprocess.run(["cp", str(upstream), str(tmp / "cp.whl")], check=True))
-                      for _ in range(args.runs)]
+        rows["cp"] = [cp_new_file(upstream, tmp / "cp.whl") for _ in range(args.runs)]
         digests, overlay_only, replaced = set(), [], []
         full = []
         for i in range(args.runs):

@@ -17,7 +17,10 @@ third_party, data, dist-info) is copied as stored, without recompressing; the fi
 changes are replaced by the patched tree's, new vllm/**/*.py files are added and deleted ones
 dropped; RECORD is rewritten (sha256 and size of every file). Before anything is replaced, each
 of those files in the wheel must equal the base tree's, so an overlay never mixes a wheel with a
-base it was not built from.
+base it was not built from. Order of work (prepare_wheel, timed by bench/build_vs_cp.py): one `git
+diff-tree`; git reads the changed files' blobs in a thread while the wheel's directory is read and the
+members that sort before the first changed path are copied into the stage (the big ones by the writer's
+thread); then the checks, the changed files and the dist-info. A refusal removes the stage.
 
 Identity. The distribution version gets a local label (`local_version`: `0.20.2+kvforge.<target>.<digest>`,
 what pip freeze/show and lock files show); `vllm.__version__` (vllm/_version.py) stays the release's, so
@@ -77,6 +80,7 @@ import tomllib
 import urllib.parse
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -85,16 +89,16 @@ from . import gitutil
 from .bases import STALE_DOWNLOAD, Base, Progress, download_pinned, parse_commit_id, release_files
 from .cache import Cache
 from .env import Env, target_env
-from .errors import EXIT_ENV, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from .errors import EXIT_ENV, EXIT_INTERNAL, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from .fsutil import atomic_write_text, remove_stale, sha256_file
 from .outcome import Done
 from .components import layer
 from .platforms import DEVICES, PACKAGE_BUILDS, Device, PackageBuild, package_build, require_available
 from .targets import ARCHES, Component, WheelPin
 from .testrun import run_properties, run_pytest, unique
-from .trees import open_stack, resolve_from
-from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, parse_record, read_member,
-                    read_members, record_hash, wheel_sort_key)
+from .trees import Stack, open_stack, resolve_from
+from .wheel import (RawZipWriter, WheelError, date_time_of, format_record, local_spans, parse_record,
+                    read_member, read_members, record_hash, wheel_sort_key)
 
 # Writing to --out failed for a reason of its file system: full, over quota, file too large, read-only, denied
 OUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -202,7 +206,9 @@ def download_wheel(component: Component, cache: Cache, say: Progress, pin: Wheel
         raise KvforgeError(f"{pin.filename}: the index says sha256 {listed}, the target pins {pin.sha256}",
                            EXIT_NETWORK)
     url, size = urllib.parse.urljoin(index, entry["url"]), int(entry.get("size") or 0)
-    return download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
+    path = download_pinned(url, dest, size, pin.sha256, say, mb_digits=0, pinned="the pinned ")
+    Hasher.stamp_checked(path, pin.sha256)  # hashed while downloading: the first build need not hash it again
+    return path
 
 
 def choose_wheels(package: str, version: str, upload: int | None = None) -> dict[str, WheelPin]:
@@ -292,6 +298,14 @@ class Hasher(threading.Thread):
         except OSError as exc:
             self.error = exc
 
+    @classmethod
+    def stamp_checked(cls, path: Path, sha256: str) -> None:
+        """Stamp a file whose sha256 was just checked (download_pinned's)."""
+        hasher = cls(path)
+        with contextlib.suppress(OSError):
+            hasher.key, hasher.digest = hasher._stat_key(), sha256
+            hasher.record()
+
     def record(self) -> None:
         """Stamp the file as verified (call once its sha256 matched the pin)."""
         if not self.stamped and not self.error:
@@ -323,14 +337,70 @@ def read_blobs(repo: Path, specs: list[str]) -> dict[str, bytes | None]:
 
 
 def diff_paths(repo: Path, base: str, head: str) -> list[Change]:
-    out = gitutil.run(repo.parent, "diff", "--name-status", "--no-renames", "-z", base, head,
-                      env={"GIT_DIR": str(repo)}).stdout
+    return diff_raw(repo, base, head)[0]
+
+
+NO_BLOB = "0" * 40
+
+
+def diff_raw(repo: Path, base: str, head: str) -> tuple[list[Change], dict[str, tuple[str, str]]]:
+    """`git diff --raw` between two commits: the changed paths (sorted) and, per path, its blob ids
+    (base, head), NO_BLOB on the side where it does not exist."""
+    out = gitutil.run(repo.parent, "diff-tree", "-r", "--raw", "--no-renames", "--no-abbrev", "-z", base, head,
+                      env={"GIT_DIR": str(repo)}, binary=True).stdout.decode("utf-8", "surrogateescape")
     items = out.split("\0")
-    changes = []
-    for status, path in zip(items[0::2], items[1::2]):
+    changes, ids = [], {}
+    for head_fields, path in zip(items[0::2], items[1::2]):
         if path:
+            _old_mode, _new_mode, old, new, status = head_fields.lstrip(":").split(" ")
             changes.append(Change(path=path, status=status[:1]))
-    return sorted(changes, key=lambda c: c.path)
+            ids[path] = (old, new)
+    return sorted(changes, key=lambda c: c.path), ids
+
+
+def changed_blobs(repo: Path, rev: dict, ids: dict[str, tuple[str, str]], rules: PackageBuild) -> dict[str, bytes | None]:
+    """The bytes on both sides of each changed path an overlay may read (its import packages' files and
+    pyproject.toml; `ids`: diff_raw's), as read_blobs keys them ("<commit>:<path>", None where the path does
+    not exist): a `git cat-file --batch` by blob id per side, the two at once, no tree walked (prepare_wheel
+    runs this in a thread while it reads the wheel). write_overlay reads any other it needs."""
+    packages = tuple(f"{name}/" for name in rules.import_packages)
+    ids = {path: pair for path, pair in ids.items() if path.startswith(packages) or path == "pyproject.toml"}
+    base_ids = sorted({old for old, _new in ids.values() if old != NO_BLOB})
+    base_side = Background(lambda: read_blobs(repo, base_ids))
+    base_side.start()
+    objects = read_blobs(repo, sorted({new for _old, new in ids.values() if new != NO_BLOB} - set(base_ids)))
+    objects.update(base_side.result())
+    blobs: dict[str, bytes | None] = {}
+    for path, pair in ids.items():
+        for which, oid in zip(("base", "patched"), pair):
+            blobs[f"{rev[which]}:{path}"] = None if oid == NO_BLOB else objects[oid]
+    return blobs
+
+
+def changed_files(repo: Path, rev: dict, rules: PackageBuild) -> tuple[list[Change], dict[str, bytes | None]]:
+    """What the series changes (one `git diff-tree --raw`) and changed_blobs' bytes."""
+    changes, ids = diff_raw(repo, rev["base"], rev["patched"])
+    return changes, changed_blobs(repo, rev, ids, rules)
+
+
+class Background(threading.Thread):
+    """fn() in a thread; result() waits for it and returns its value or raises its exception."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.value, self.error = fn, None, None
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def _pyproject_build_changed(before: bytes | None, after: bytes | None) -> bool:
@@ -429,72 +499,165 @@ def _metadata_text(text: str, version: str) -> bytes:
     return ("\n".join(lines) + sep + body).encode()
 
 
-def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
-            identity: dict, build_tag: str, members=None, version: str | None = None) -> dict:
-    """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
-    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged."""
-    members = members if members is not None else read_members(upstream)
-    by_name = {m.name: m for m in members}
-    infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
-    if len(infos) != 1:
-        raise WheelError(f"{upstream.name}: expected one .dist-info directory, found {sorted(infos) or 'none'}")
-    info = infos.pop()
-    record_name, wheel_name = f"{info}/RECORD", f"{info}/WHEEL"
-    if record_name not in by_name or wheel_name not in by_name:
-        raise WheelError(f"{upstream.name}: {info} lacks RECORD or WHEEL")
-    record = parse_record(read_member(upstream, by_name[record_name]).decode("utf-8"), upstream.name)
-    listed = set(record) - {record_name}
-    present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
-    if listed != present:
-        extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
-        raise WheelError(f"{upstream.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
-                         f"in the zip, not listed: {missing})")
-    for name in present:
-        if record[name][1] != str(by_name[name].file_size):
-            raise WheelError(f"{upstream.name}: RECORD gives {name} {record[name][1]} bytes, the zip {by_name[name].file_size}")
-    stamp = max(date_time_of(m) for m in members)
-    new: dict[str, bytes] = {**replace, **add}
-    for name in add:
-        if name in by_name:
-            raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
-    new[wheel_name] = _wheel_text(read_member(upstream, by_name[wheel_name]).decode("utf-8"), build_tag)
-    new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
-    meta_name = f"{info}/METADATA"
-    if version is not None and meta_name in by_name:
-        new[meta_name] = _metadata_text(read_member(upstream, by_name[meta_name]).decode("utf-8"), version)
-    names = (present | set(new)) - remove
-    if version is not None:  # the dist-info directory is named after the version: every member moves
-        new_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
-        moved = {n: new_info + n[len(info):] for n in names if n.startswith(info + "/")}
+@dataclass
+class ReleaseWheel:
+    """A release wheel's directory, checked, and what an overlay reads of it. index(): one .dist-info
+    directory with RECORD and WHEEL, every local header agreeing with the central directory (enough to start
+    copying); check(): RECORD lists exactly the archive's files, each with its size, and the dist-info's files
+    are read. prepare_wheel starts the copies between the two, while git reads the changed files."""
+
+    path: Path
+    members: list
+    by_name: dict
+    info: str  # the .dist-info directory
+    present: set[str]  # the archive's files but RECORD and its signatures
+    spans: dict[str, tuple[int, int]]  # each member's local header + data, checked (wheel.local_spans)
+    record: dict[str, tuple[str, str]] = field(default_factory=dict)  # check()'s
+    texts: dict[str, bytes] = field(default_factory=dict)  # the dist-info's files (check()'s)
+    checked: bool = False
+
+    @classmethod
+    def read(cls, path: Path, members=None) -> "ReleaseWheel":
+        return cls.index(path, members).check()
+
+    @classmethod
+    def index(cls, path: Path, members=None) -> "ReleaseWheel":
+        members = members if members is not None else read_members(path)
+        by_name = {m.name: m for m in members}
+        infos = {m.name.split("/", 1)[0] for m in members if m.name.split("/", 1)[0].endswith(".dist-info")}
+        if len(infos) != 1:
+            raise WheelError(f"{path.name}: expected one .dist-info directory, found {sorted(infos) or 'none'}")
+        info = infos.pop()
+        record_name = f"{info}/RECORD"
+        if record_name not in by_name or f"{info}/WHEEL" not in by_name:
+            raise WheelError(f"{path.name}: {info} lacks RECORD or WHEEL")
+        present = {m.name for m in members if not m.is_dir} - {record_name, f"{info}/RECORD.jws", f"{info}/RECORD.p7s"}
+        return cls(path, members, by_name, info, present, local_spans(path, members))
+
+    def check(self) -> "ReleaseWheel":
+        if self.checked:
+            return self
+        path, info, by_name, present = self.path, self.info, self.by_name, self.present
+        texts = {m.name: read_member(path, m) for m in self.members if m.name.startswith(info + "/") and not m.is_dir}
+        record_name = f"{info}/RECORD"
+        record = parse_record(texts[record_name].decode("utf-8"), path.name)
+        listed = set(record) - {record_name}
+        if listed != present:
+            extra, missing = sorted(listed - present)[:3], sorted(present - listed)[:3]
+            raise WheelError(f"{path.name}: RECORD and the archive disagree (listed, not in the zip: {extra}; "
+                             f"in the zip, not listed: {missing})")
+        for name in present:
+            if record[name][1] != str(by_name[name].file_size):
+                raise WheelError(f"{path.name}: RECORD gives {name} {record[name][1]} bytes, the zip "
+                                 f"{by_name[name].file_size}")
+        self.record, self.texts, self.checked = record, texts, True
+        return self
+
+
+class Overlay:
+    """An overlay being written to `out_path`: opened on the release wheel, with the package files that sort
+    before the first path the series may change (`changed`: any changed path in the wheel or in its import
+    packages) copied at once, since their places depend on nothing else (prepare_wheel does it while git
+    reads the changed files); finish() writes the rest. abort() closes the files (the caller removes them)."""
+
+    def __init__(self, release: ReleaseWheel, out_path: Path, changed: set[str]):
+        self.release, self.out_path = release, out_path
+        t = time.monotonic()
+        first = min(changed, default=None)
+        info = release.info + "/"
+        self.prefix = sorted(n for n in release.present if not n.startswith(info) and (first is None or n < first))
+        self.src = open(release.path, "rb")
+        try:
+            self.dst = open(out_path, "wb")
+        except BaseException:
+            self.src.close()
+            raise
+        self.w = RawZipWriter(self.dst)
+        try:
+            for name in self.prefix:
+                self.w.copy(self.src, release.by_name[name], release.path.name, release.spans[name])
+            self.w.flush()
+        except BaseException:
+            self.abort()
+            raise
+        self.seconds = time.monotonic() - t
+
+    def abort(self) -> None:
+        self.w.abort()
+        self.dst.close()
+        self.src.close()
+
+    def finish(self, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str], identity: dict,
+               build_tag: str, version: str | None = None) -> dict:
+        """Write the rest and close; return {"members", "copied", "written", "dist_info"}. See overlay()."""
+        try:
+            return self._finish(replace, add, remove, identity, build_tag, version)
+        finally:
+            self.abort()
+
+    def _finish(self, replace, add, remove, identity, build_tag, version) -> dict:
+        release, w, upstream = self.release.check(), self.w, self.release.path
+        members, by_name, info, record, present = (release.members, release.by_name, release.info, release.record,
+                                                   release.present)
+        record_name, wheel_name, meta_name = f"{info}/RECORD", f"{info}/WHEEL", f"{info}/METADATA"
+        for name in add:
+            if name in by_name:
+                raise WheelError(f"{upstream.name}: {name} is added by the series but already in the wheel")
+        new: dict[str, bytes] = {**replace, **add}
+        generated = {wheel_name, f"{info}/{IDENTITY_FILE}"} | (
+            {meta_name} if version is not None and meta_name in by_name else set())
+        names = (present | set(new) | generated) - remove
+        final_info, moved = info, {}
+        if version is not None:  # the dist-info directory is named after the version: every member moves
+            final_info = f"{info[:-len('.dist-info')].rsplit('-', 1)[0]}-{version}.dist-info"
+            moved = {n: final_info + n[len(info):] for n in names if n.startswith(info + "/")}
+            names = (names - set(moved)) | set(moved.values())
+        final_record = f"{final_info}/RECORD"
+        order = sorted(names, key=lambda n: wheel_sort_key(n, final_info)) + [final_record]
+        done = len(self.prefix)
+        if order[:done] != self.prefix:  # the series changed a path before the first one it was said to change
+            raise KvforgeError(f"{upstream.name}: the overlay's first {done} members are not the wheel's; a "
+                               "kvforge bug", EXIT_INTERNAL)
+        stamp = max(date_time_of(m) for m in members)
+        new[wheel_name] = _wheel_text(release.texts[wheel_name].decode("utf-8"), build_tag)
+        new[f"{info}/{IDENTITY_FILE}"] = (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode()
+        if version is not None and meta_name in generated:
+            new[meta_name] = _metadata_text(release.texts[meta_name].decode("utf-8"), version)
+        source = {new_name: old_name for old_name, new_name in moved.items()}
         for old_name, new_name in moved.items():
-            new[new_name] = new.pop(old_name) if old_name in new else read_member(upstream, by_name[old_name])
-            if old_name in by_name:  # its mode
-                by_name.setdefault(new_name, by_name[old_name])
-        names = (names - set(moved)) | set(moved.values())
-        info, record_name = new_info, f"{new_info}/RECORD"
-    order = sorted(names, key=lambda n: wheel_sort_key(n, info)) + [record_name]
-    rows = []
-    for name in order[:-1]:
-        if name in new:
-            rows.append((name, record_hash(new[name]), str(len(new[name]))))
-        else:
-            rows.append((name, *record[name]))
-    rows.append((record_name, "", ""))
-    new[record_name] = format_record(rows)
-    copied = written = 0
-    with open(upstream, "rb") as src, open(out_path, "wb") as dst:
-        w = RawZipWriter(dst)
-        for name in order:
+            new[new_name] = new.pop(old_name) if old_name in new else release.texts[old_name]
+        rows = []
+        for name in order[:-1]:
             if name in new:
-                mode = by_name[name].mode & 0o7777 if name in by_name else 0o644
-                w.add(name, new[name], stamp, mode or 0o644)
+                rows.append((name, record_hash(new[name]), str(len(new[name]))))
+            else:
+                rows.append((name, *record[source.get(name, name)]))
+        rows.append((final_record, "", ""))
+        new[final_record] = format_record(rows)
+        copied, written = done, 0
+        for name in order[done:]:
+            if name in new:
+                old = source.get(name, name)
+                w.add(name, new[name], stamp, (by_name[old].mode & 0o7777 if old in by_name else 0o644) or 0o644)
                 written += 1
             else:
-                w.copy(src, by_name[name], upstream.name)
+                w.copy(self.src, by_name[name], upstream.name, release.spans[name])
                 copied += 1
         w.close()
-        dst.flush()
-    return {"members": len(order), "copied": copied, "written": written, "dist_info": info}
+        self.dst.flush()
+        return {"members": len(order), "copied": copied, "written": written, "dist_info": final_info}
+
+
+def overlay(upstream: Path, out_path: Path, replace: dict[str, bytes], add: dict[str, bytes], remove: set[str],
+            identity: dict, build_tag: str, members=None, version: str | None = None,
+            release: ReleaseWheel | None = None) -> dict:
+    """Write the new wheel to `out_path`; return {"members", "copied", "written"}. With `version`, the
+    dist-info says that version (its directory renamed, METADATA's Version:), the package files are unchanged.
+    `release`: upstream's ReleaseWheel, when the caller has read it. Members in wheel order: package files by
+    name, then the dist-info, RECORD last; unchanged ones copied as stored, new ones STORED."""
+    release = release or ReleaseWheel.read(upstream, members)
+    return Overlay(release, out_path, set(replace) | set(add) | set(remove)).finish(
+        replace, add, remove, identity, build_tag, version)
 
 
 # ---------------------------------------------------------------- the command
@@ -549,6 +712,34 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
                  pinned: bool = True) -> BuildResult:
     """Build (or, with `wheel`, only verify) the target's patched wheel of the release wheel `pin` (default:
     the component's x86_64 pin); see the module docstring."""
+    prep = prepare_wheel(ctx, out, mode, platform, wheel, pin, pinned)
+    if isinstance(prep, BuildResult):  # --mode source: the command to run elsewhere
+        return prep
+    result, stack, built, changes, rev, rules, pin, t0 = prep
+    return _verify_and_place(ctx, stack, result, built, wheel, out, t0,
+                             lambda: verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard, pin=pin,
+                                                  suffix=_suffix(result), version=result.local_version, rules=rules),
+                             platform)
+
+
+class Prepared(NamedTuple):
+    """A wheel ready for verification (prepare_wheel): the overlay in its stage directory, or --wheel FILE."""
+
+    result: BuildResult
+    stack: Stack
+    built: Path
+    changes: list[Change]
+    rev: dict
+    rules: PackageBuild
+    pin: WheelPin
+    t0: float
+
+
+def prepare_wheel(ctx, out: Path, mode: str = "overlay", platform: str = "cpu", wheel: Path | None = None,
+                  pin: WheelPin | None = None, pinned: bool = True) -> Prepared | BuildResult:
+    """What build_target does before verification: the stack, the changed files, the refusals, the
+    release wheel's sha256 and the overlay written into a stage directory of `out` (or, with `wheel`, that
+    file). --mode source: the BuildResult with the command. bench/build_vs_cp.py times exactly this."""
     comp, say = ctx.component, ctx.progress
     t0 = time.monotonic()
     result = BuildResult(ctx.target.name, comp.name, mode, comp.release.version)
@@ -565,6 +756,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
         require_available(platform, ctx.python)  # exit 7 (not run) where the hardware is missing
     result.upstream = {"filename": pin.filename, "sha256": pin.sha256, "pinned": pinned}
     stack = open_stack(ctx)
+    result.seconds["stack"] = round(time.monotonic() - t0, 3)  # the series parsed, its stack's refs read
     patched = stack.commits[-1]
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
     result.origin, result.fix_ids = stack.origin, [p.fix_id for p in stack.series.patches]
@@ -573,7 +765,8 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
     result.filename = output_filename(pin.filename, result.build_tag, result.local_version)
     out = Path(out)
     repo = stack.base.repo
-    changes = diff_paths(repo, stack.base.commit, patched)
+    rev = {"base": stack.base.commit, "patched": patched}
+    changes, ids = diff_raw(repo, stack.base.commit, patched)
     result.changes = changes
 
     if mode == "source":
@@ -587,17 +780,26 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
                          "for CUDA, GBs); run the command on a build machine")
         return result
 
-    rev = {"base": stack.base.commit, "patched": patched}
+    git_side = Background(lambda: changed_blobs(repo, rev, ids, rules))  # git reads while the wheel is read
+    git_side.start()
     upstream = wheel or download_wheel(comp, ctx.cache, say, pin)
     hasher = Hasher(upstream) if wheel is None else None
     if hasher:
         hasher.start()
+    out_existed, started, stage = out.exists(), None, None
     try:
         members = read_members(upstream)
         check_same_commit(upstream, members, comp.release.package, stack.base, pin)
-        pyproject = read_blobs(repo, [f"{rev['base']}:pyproject.toml", f"{patched}:pyproject.toml"]) \
-            if any(c.path == "pyproject.toml" for c in changes) else {}
-        classify(changes, {m.name for m in members}, lambda which, p: pyproject.get(f"{rev[which]}:{p}"), rules)
+        if wheel is None:  # the members before the first changed path copied (the big ones by a thread) ...
+            release = ReleaseWheel.index(upstream, members)
+            stage = make_stage(out)
+            with writing_stage(out, stage, stage / result.filename):
+                started = Overlay(release, stage / result.filename, changed_package_paths(changes, release, rules))
+            release.check()  # ... while RECORD is checked
+        else:
+            release = None
+        blobs = git_side.result()
+        classify(changes, {m.name for m in members}, lambda which, p: blobs.get(f"{rev[which]}:{p}"), rules)
         refused = [c for c in changes if c.action == "refused"]
         if refused:
             compile_needed = any(c.why == "compile" for c in refused)
@@ -614,8 +816,18 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
             built = Path(wheel)
             result.seconds["prepare"] = round(time.monotonic() - t0, 3)
         else:
-            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members)
+            built, info = write_overlay(ctx, stack, upstream, out, changes, rev, result, members, blobs, release,
+                                        started)
             result.seconds.update(info)
+    except BaseException:
+        if started is not None:
+            started.abort()
+        if stage is not None:  # refused, or failed: nothing of this build stays in --out
+            shutil.rmtree(stage, ignore_errors=True)
+            if not out_existed:
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+        raise
     finally:
         if hasher:
             hasher.join()
@@ -630,10 +842,7 @@ def build_target(ctx, out: Path, mode: str = "overlay", tests: str = "checks", p
                            "build again to download it", EXIT_NETWORK)
     if hasher:
         hasher.record()
-    return _verify_and_place(ctx, stack, result, built, wheel, out, t0,
-                             lambda: verify_wheel(ctx, stack, built, changes, rev, tests, platform, shard, pin=pin,
-                                                  suffix=_suffix(result), version=result.local_version, rules=rules),
-                             platform)
+    return Prepared(result, stack, built, changes, rev, rules, pin, t0)
 
 
 def _verify_and_place(ctx, stack, result: BuildResult, built: Path, wheel: Path | None, out: Path, t0: float,
@@ -727,6 +936,7 @@ def build_device(ctx, out: Path, device: Device, tests: str = "checks", shard: t
     result = BuildResult(ctx.target.name, comp.name, "device", comp.release.version, arch=None, device=device.name,
                          variant=device.name)
     stack = open_stack(ctx)
+    result.seconds["stack"] = round(time.monotonic() - t0, 3)
     patched = stack.commits[-1]
     rev = {"base": stack.base.commit, "patched": patched}
     result.base, result.base_ref, result.series = stack.base.commit, stack.base.ref, stack.digest
@@ -812,13 +1022,58 @@ def out_error(out: Path, exc: OSError) -> KvforgeError:
                         EXIT_ENV)
 
 
+def make_stage(out: Path) -> Path:
+    """`out` (made if missing) and in it a new stage directory of this process, <out>/.kvforge-build-<pid>
+    (stale ones of dead processes removed): the wheel is written there, and named in `out` once verified."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvforgeError(f"--out {out}: cannot create it ({exc.strerror or exc})", EXIT_ENV) from None
+    with contextlib.suppress(OSError):
+        remove_stale(out, STALE_STAGE)
+    stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir()
+    except OSError as exc:
+        raise out_error(out, exc) from None
+    return stage
+
+
+@contextlib.contextmanager
+def writing_stage(out: Path, stage: Path, part: Path):
+    """Errors while the wheel is written: the stage is removed; a write --out's disk refuses is exit 5, one
+    line (an error reading the cached wheel is not)."""
+    try:
+        yield
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
+            raise
+        raise out_error(out, exc) from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def changed_package_paths(changes: list[Change], release: ReleaseWheel, rules: PackageBuild) -> set[str]:
+    """The changed paths an overlay may replace, add or remove: those in the wheel or in its import packages."""
+    packages = tuple(f"{name}/" for name in rules.import_packages)
+    return {c.path for c in changes if c.path in release.by_name or c.path.startswith(packages)}
+
+
 def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], rev: dict, result,
-                  members=None) -> tuple[Path, dict]:
+                  members=None, blobs: dict[str, bytes | None] | None = None,
+                  release: ReleaseWheel | None = None, started: Overlay | None = None) -> tuple[Path, dict]:
+    """The overlay of `changes` (classified) on `upstream`, written into a stage directory of `out` (or
+    finished in `started`'s, begun by prepare_wheel); `blobs` (changed_files') or read here: the changed
+    files on both sides. The wheel's files the series changes must equal the base's before any is written."""
     t = time.monotonic()
     touched = [c for c in changes if c.action in ("replace", "remove", "add")]
     specs = [f"{rev['base']}:{c.path}" for c in touched if c.action != "add"] + \
             [f"{rev['patched']}:{c.path}" for c in touched if c.action != "remove"]
-    blobs = read_blobs(stack.base.repo, specs)
+    blobs = dict(blobs or {})
+    blobs.update(read_blobs(stack.base.repo, [spec for spec in specs if spec not in blobs]))
     members = members if members is not None else read_members(upstream)
     by_name = {m.name: m for m in members}
     for c in touched:
@@ -840,35 +1095,25 @@ def write_overlay(ctx, stack, upstream: Path, out: Path, changes: list[Change], 
     pin = WheelPin(result.upstream["filename"], result.upstream["sha256"]) if result.upstream.get("filename") \
         else ctx.component.wheel
     identity = _identity(ctx, stack, pin, changes, result.build_tag)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KvforgeError(f"--out {out}: cannot create it ({exc.strerror or exc})", EXIT_ENV) from None
-    with contextlib.suppress(OSError):
-        remove_stale(out, STALE_STAGE)
-    stage = out / f".kvforge-build-{os.getpid()}"  # pip installs only a file named like a wheel
-    shutil.rmtree(stage, ignore_errors=True)
-    try:
-        stage.mkdir()
-    except OSError as exc:
-        raise out_error(out, exc) from None
-    part = stage / result.filename
+    earlier = started.seconds if started is not None else 0.0  # the copies prepare_wheel made
+    if started is None:
+        stage = make_stage(out)
+        part = stage / result.filename
+    else:
+        part = started.out_path
+        stage = part.parent
     prepare = time.monotonic() - t
     w0 = time.monotonic()
-    try:
-        stats = overlay(upstream, part, replace, add, remove, identity, result.build_tag, members,
-                        result.local_version or None)
-    except OSError as exc:
-        shutil.rmtree(stage, ignore_errors=True)
-        if exc.errno not in OUT_ERRNOS or exc.filename not in (None, str(part), part):
-            raise  # not a write to --out (reading the cached wheel): not the disk of --out
-        raise out_error(out, exc) from None
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    with writing_stage(out, stage, part):
+        if started is None:
+            release = release or ReleaseWheel.read(upstream, members)
+            started = Overlay(release, part, changed_package_paths(changes, release, package_build(
+                ctx.component.release.package)))
+        stats = started.finish(replace, add, remove, identity, result.build_tag, result.local_version or None)
+    seconds = time.monotonic() - w0 + earlier
     ctx.say(f"wrote {result.filename}: {stats['copied']} members copied as stored, {stats['written']} written "
-            f"({len(replace)} replaced, {len(add)} added, {len(remove)} removed) in {time.monotonic() - w0:.2f}s")
-    return part, {"prepare": round(prepare, 3), "overlay": round(time.monotonic() - w0, 3)}
+            f"({len(replace)} replaced, {len(add)} added, {len(remove)} removed) in {seconds:.2f}s")
+    return part, {"prepare": round(prepare, 3), "overlay": round(seconds, 3)}
 
 
 # ---------------------------------------------------------------- verification

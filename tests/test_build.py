@@ -12,8 +12,11 @@ imported from the installed wheel); one overlays the real 244 MB release wheel t
 from __future__ import annotations
 
 import ast
+import csv
+import errno
 import hashlib
 import io
+import itertools
 import json
 import os
 import stat
@@ -32,7 +35,9 @@ from helpers import git, make_patch, write_series
 from kvforge import build as kbuild
 from kvforge.cache import Cache, default_cache_dir
 from kvforge.cli import main
-from kvforge.wheel import RawZipWriter, WheelError, parse_record, read_member, read_members, record_hash
+from kvforge import wheel as kwheel
+from kvforge.wheel import (RawZipWriter, WheelError, format_record, parse_record, read_member, read_members,
+                           record_hash, safe_name)
 
 UTILS = "vllm/v1/core/kv_cache_utils.py"
 WHEEL_NAME = "vllm-0.20.2-cp38-abi3-linux_x86_64.whl"  # a name of its own: never the real wheel's
@@ -223,10 +228,93 @@ def test_duplicate_and_zip64_and_truncated_archives_are_refused(tmp_path):
         read_members(cut)
 
 
+def test_local_headers_are_checked_against_the_central_directory(tmp_path):
+    """wheel.local_spans (what the overlay copies, checked ahead): a local header naming another file, or data
+    running past the end of the file, is refused."""
+    ok = make_wheel(tmp_path / "ok.whl", {"vllm/a.py": b"a = 1\n" * 100})
+    members = read_members(ok)
+    spans = kwheel.local_spans(ok, members)
+    assert spans[members[0].name] == (0, 30 + len(members[0].raw_name) + members[0].compress_size)
+    data = bytearray(ok.read_bytes())
+    data[30:30 + len(b"vllm/a.py")] = b"vllm/b.py"  # the first local header's name
+    (tmp_path / "renamed.whl").write_bytes(bytes(data))
+    with pytest.raises(WheelError, match="names another file"):
+        kwheel.local_spans(tmp_path / "renamed.whl", members)
+    short = kwheel.Member(**{**{f: getattr(members[0], f) for f in members[0].__dataclass_fields__},
+                             "compress_size": len(data)})
+    with pytest.raises(WheelError, match="disagree|past the end"):
+        kwheel.local_spans(ok, [short])
+
+
 def test_record_paths_are_checked(tmp_path):
     with pytest.raises(WheelError, match="'..'"):
         parse_record("vllm/a.py,sha256=x,1\nvllm/../../x,sha256=y,2\n", "w")
     assert parse_record("../../bin/vllm,sha256=x,1\n", "installed")  # pip's scripts outside the site
+
+
+def test_the_fast_paths_agree_with_the_full_checks():
+    """safe_name's fast path, and RECORD read and written without the csv module where nothing is quoted, give
+    what the full rules give: every name of up to 6 characters over the characters that matter."""
+    def full(name: str) -> bool:
+        parts = name.rstrip("/").split("/")
+        return bool(name) and "\x00" not in name and "\\" not in name and not name.startswith("/") and \
+            not (len(name) > 1 and name[1] == ":") and not any(p in ("", ".", "..") for p in parts)
+
+    for n in range(7):
+        for chars in itertools.product(["a", ".", "/", "\\", ":", "\x00", "\n"], repeat=n):
+            name = "".join(chars)
+            assert (safe_name(name) is None) == full(name), repr(name)
+
+    def by_csv(rows) -> bytes:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        for row in rows:
+            w.writerow(row)
+        return buf.getvalue().encode()
+
+    rows = [("vllm/a.py", "sha256=x", "1"), ("vllm/E=8,N=14336.json", "sha256=y", "2"), ('vllm/q"uote.py', "", ""),
+            ("vllm/n\nl.py", "h", "3"), ("vllm/cr\r.py", "h", "4"), ("vllm/é.py", " ", "5"), ("vllm-1.dist-info/RECORD", "", "")]
+    for some in [rows, rows[:1] + rows[-1:], [rows[0]]]:
+        assert format_record(some) == by_csv(some)
+        readable = [r for r in some if "\r" not in r[0]]  # csv.writer leaves a CR unquoted: csv cannot read it
+        assert parse_record(by_csv(readable).decode(), "w") == {p: (h, n) for p, h, n in readable}
+    assert parse_record("vllm/a.py,h,1\n\nvllm/b.py,h,2", "w") == {"vllm/a.py": ("h", "1"), "vllm/b.py": ("h", "2")}
+    with pytest.raises(WheelError, match="3 fields"):
+        parse_record("vllm/a.py,h\n", "w")
+
+
+def test_a_copy_that_fails_is_raised_and_the_writer_lets_go_of_its_source(tmp_path, monkeypatch):
+    """A kernel copy that fails (a full disk) raises out of the writer, also from the thread that copies the
+    big ranges; a `with` block that fails stops that thread and closes the source's mmap."""
+    src = make_wheel(tmp_path / "a.whl", {"vllm/a.py": b"a = 1\n" * 500,
+                                          "vllm/b.so": os.urandom(RawZipWriter.BIG + 1)})
+    members = read_members(src)
+    with open(src, "rb") as s, open(tmp_path / "ok.whl", "wb") as o, RawZipWriter(o) as w:
+        for m in reversed(members):  # the big .so alone is a range: copied by the thread
+            w.copy(s, m, src.name)
+        w.close()
+        assert w.copier is not None and not w.copier.is_alive()
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(tmp_path / "ok.whl") as b:
+        assert b.testzip() is None and all(b.read(i.filename) == a.read(i.filename) for i in a.infolist())
+
+    def full_disk(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kwheel, "_copy_range", full_disk)
+    with open(src, "rb") as s, open(tmp_path / "b.whl", "wb") as o:
+        w = RawZipWriter(o)
+        for m in members:
+            w.copy(s, m, src.name)  # one range: copied at close()
+        with pytest.raises(OSError, match="No space"):
+            w.close()
+    assert not w.views and w.copier is not None and not w.copier.is_alive()
+    monkeypatch.undo()
+    with open(src, "rb") as s, open(tmp_path / "c.whl", "wb") as o:
+        with pytest.raises(WheelError, match="written twice"), RawZipWriter(o) as w:
+            w.copy(s, members[0], src.name)
+            w.add("vllm/new.py", b"x", (2026, 1, 1, 0, 0, 0))
+            w.add("vllm/new.py", b"x", (2026, 1, 1, 0, 0, 0))
+    assert not w.views
 
 
 # ---------------------------------------------------------------- the overlay
@@ -322,6 +410,66 @@ def test_pip_installs_it_and_record_and_modules_check_out(overlaid):
     assert any(UTILS in p for p in kbuild.check_modules(stack, site, changes, rev)["problems"])
 
 
+def test_a_downloaded_wheel_is_stamped_so_the_first_build_does_not_hash_it_again(tmp_path, monkeypatch):
+    """download_pinned checks the sha256 while it downloads; the stamp it leaves lets the build's Hasher take
+    the digest without reading the file; a file rewritten since (new ctime) is hashed again."""
+    from kvforge.targets import WheelPin
+
+    (tmp_path / "src").mkdir()
+    src = make_wheel(tmp_path / "src" / WHEEL_NAME, {"vllm/a.py": b"a = 1\n"})
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    cache = Cache(tmp_path / "cache")
+    entry = {"filename": WHEEL_NAME, "url": src.as_uri(), "digests": {"sha256": sha}, "size": src.stat().st_size}
+    monkeypatch.setattr(kbuild, "release_files", lambda *_a: ("https://pypi.invalid/simple/", [entry]))
+    comp = type("C", (), {"release": type("R", (), {"package": "vllm", "version": "0.20.2"})(), "wheel": None})()
+    path = kbuild.download_wheel(comp, cache, lambda _m: None, WheelPin(WHEEL_NAME, sha))
+    assert path.read_bytes() == src.read_bytes()
+    hasher = kbuild.Hasher(path)
+    hasher.run()
+    assert (hasher.stamped, hasher.digest) == (True, sha)
+    path.write_bytes(path.read_bytes())  # same bytes, rewritten: the stamp no longer vouches for it
+    again = kbuild.Hasher(path)
+    again.run()
+    assert (again.stamped, again.digest) == (False, sha)
+
+
+def test_the_changed_files_are_read_by_blob_id_as_by_path(overlaid):
+    """changed_files (one git diff --raw, one cat-file by blob id, in build_target's thread) gives the changes
+    diff_paths gives and, for the package's files and pyproject.toml, the bytes read_blobs reads by path."""
+    stack = overlaid["stack"]
+    rev = {"base": stack.base.commit, "patched": stack.commits[-1]}
+    changes, blobs = kbuild.changed_files(stack.base.repo, rev, kbuild.VLLM_RULES)
+    assert [(c.path, c.status) for c in changes] == \
+        [(c.path, c.status) for c in kbuild.diff_paths(stack.base.repo, rev["base"], rev["patched"])]
+    specs = [f"{rev[w]}:{c.path}" for c in changes for w in ("base", "patched") if c.path.startswith("vllm/")]
+    assert blobs == kbuild.read_blobs(stack.base.repo, specs)
+    assert blobs[f"{rev['base']}:vllm/v1/core/kvforge_marker.py"] is None  # added: no base side
+    assert not any(":tests/" in spec for spec in blobs)  # outside the package: not read
+
+
+def test_a_wheel_whose_record_disagrees_is_refused_and_leaves_no_stage(overlaid):
+    """RECORD is checked against the archive (prepare_wheel does it while git reads the changed files): a
+    refusal leaves nothing in --out."""
+    base, tmp = overlaid["base"], overlaid["tmp"]
+    (tmp / "norec").mkdir()
+    bad = make_wheel(tmp / "norec" / WHEEL_NAME, base_files(base))
+    with zipfile.ZipFile(bad) as z:
+        items = [(i, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(bad, "w") as z:
+        for info, data in items:
+            z.writestr(info, data.replace(b"vllm/_version.py,", b"vllm/_not_there.py,") if
+                       info.filename.endswith("RECORD") else data)
+    from kvforge.context import Context
+
+    ctx = Context.load(overlaid["cache"], "t")
+    stack, changes = overlaid["stack"], overlaid["changes"]
+    res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
+    with pytest.raises(WheelError, match="RECORD and the archive disagree"):
+        kbuild.write_overlay(ctx, stack, bad, tmp / "out-norec", changes,
+                             {"base": stack.base.commit, "patched": stack.commits[-1]}, res)
+    assert list((tmp / "out-norec").iterdir()) == []
+
+
 def test_a_wheel_not_built_from_this_base_is_refused(overlaid):
     base, tmp = overlaid["base"], overlaid["tmp"]
     files = base_files(base)
@@ -377,7 +525,10 @@ def test_compiled_inputs_are_refused_and_mode_source_prints_vllms_build(project,
     assert "and 1 more: setup.py" in doc["error"] and "--mode source" in doc["error"]
     # precompiled .so files would not contain a csrc/ change: a full compile, with the release's exact version
     assert "VLLM_VERSION_OVERRIDE=0.20.2" in doc["command"] and "VLLM_USE_PRECOMPILED" not in doc["command"]
-    assert not list((tmp_path / "out").glob("*.whl"))
+    assert not (tmp_path / "out").exists()  # the stage of the early copies, and the --out made for it, are gone
+    (tmp_path / "kept").mkdir()
+    res = CliRunner().invoke(main, ["build", "--target", "t", "--out", str(tmp_path / "kept")])
+    assert res.exit_code == 2 and list((tmp_path / "kept").iterdir()) == [], res.output  # a user's --out stays
     src = CliRunner().invoke(main, ["build", "--target", "t", "--mode", "source", "--out", str(tmp_path / "o")])
     assert src.exit_code == 7, src.output
     assert "kvforge apply --target t --into vllm-t && cd vllm-t" in src.stdout and "pip wheel" in src.stdout
@@ -603,7 +754,7 @@ def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, t
     lines = res.stderr.strip().splitlines()
     assert lines[-1].startswith(f"kvforge: error: --out {out}: cannot write the wheel there (File too large)"), lines
     assert "Traceback" not in res.stderr
-    assert list(out.iterdir()) == []
+    assert not out.exists()  # made by this build for its stage: removed with it
 
 
 @pytest.mark.slow
