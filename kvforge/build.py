@@ -90,7 +90,8 @@ from .bases import STALE_DOWNLOAD, Base, Progress, download_pinned, parse_commit
 from .cache import Cache
 from .env import Env, target_env
 from .errors import EXIT_ENV, EXIT_INTERNAL, EXIT_NETWORK, EXIT_NOT_RUN, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from .fsutil import atomic_write_text, remove_stale, sha256_file
+from .fsutil import (atomic_write_text, remember_sha256, remembered_sha256, remove_stale, sha256_file, sha256_memo,
+                     stat_stamp)
 from .outcome import Done
 from .components import layer
 from .platforms import DEVICES, PACKAGE_BUILDS, Device, PackageBuild, package_build, require_available
@@ -264,53 +265,42 @@ def check_same_commit(path: Path, members: list, package: str, base: Base, pin: 
 class Hasher(threading.Thread):
     """sha256 of the cached release wheel, in a thread (hashlib releases the GIL) while the overlay copies it.
 
-    A file whose sha256 matched is stamped (downloads/.<file>.verified: size, inode, mtime and ctime
-    in ns, and the sha256); while its stat still says the same, the sha256 is taken from the stamp,
-    as git trusts its index for unchanged files. ctime cannot be set back by a user, so any
-    rewrite of the file is hashed again. (Every build's verification then checks each installed
-    file against RECORD as well.)
+    A file's sha256 is remembered beside it (fsutil.remember_sha256: `.<file>.sha256` with its size, inode,
+    mtime and ctime); while its stat still says the same, the sha256 is taken from there, as git trusts its
+    index for unchanged files. ctime cannot be set back by a user, so any rewrite of the file is hashed
+    again. (Every build's verification then checks each installed file against RECORD as well.)
     """
 
     def __init__(self, path: Path):
         super().__init__(daemon=True)
         self.path, self.digest, self.stamped = path, "", False
         self.error: OSError | None = None
-        self.key: list[int] = []
-
-    def _stat_key(self) -> list[int]:
-        st = self.path.stat()
-        return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+        self.key = ""
 
     @property
     def stamp(self) -> Path:
-        return self.path.with_name(f".{self.path.name}.verified")
+        return sha256_memo(self.path)
 
     def run(self) -> None:
         try:
-            key = self._stat_key()
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                doc = json.loads(self.stamp.read_text(encoding="utf-8"))
-                if doc["stat"] == key:
-                    self.digest, self.stamped = doc["sha256"], True
-                    return
+            known = remembered_sha256(self.path)
+            if known is not None:
+                self.digest, self.stamped = known, True
+                return
+            self.key = stat_stamp(self.path)
             self.digest = sha256_file(self.path)
-            self.key = key
         except OSError as exc:
             self.error = exc
 
     @classmethod
     def stamp_checked(cls, path: Path, sha256: str) -> None:
-        """Stamp a file whose sha256 was just checked (download_pinned's)."""
-        hasher = cls(path)
-        with contextlib.suppress(OSError):
-            hasher.key, hasher.digest = hasher._stat_key(), sha256
-            hasher.record()
+        """Remember the sha256 of a file that was just checked (download_pinned's)."""
+        remember_sha256(path, sha256)
 
     def record(self) -> None:
-        """Stamp the file as verified (call once its sha256 matched the pin)."""
+        """Remember the file's sha256 (call once it matched the pin)."""
         if not self.stamped and not self.error:
-            with contextlib.suppress(OSError):
-                atomic_write_text(self.stamp, json.dumps({"stat": self.key, "sha256": self.digest}) + "\n")
+            remember_sha256(self.path, self.digest, self.key)
 
 
 # ---------------------------------------------------------------- what the series changes

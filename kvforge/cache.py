@@ -5,8 +5,8 @@ Everything here can be deleted at any time: user trees are standalone repositori
 
 Layout (each entry created by the module named; a leading dot: work in progress or a lock):
   downloads/<file>           verified release archives (sdists) and pinned wheels, named as upstream names
-                             them (bases, build); .<file>.<pid>.part a download, .<wheel>.verified the
-                             sha256 stamp of a verified release wheel (build)
+                             them (bases, build); .<file>.<pid>.part a download, .<file>.sha256 its
+                             sha256 and stat when hashed (fsutil.remember_sha256: bases, build, rebase)
   repos/<component>-<kind>.git  bare repositories holding imported bases (kind: sdist | git) (bases);
                              .<repo>.<pid>.tmp|.old an import or a corrupt repository being removed,
                              .<repo>.lock the lock around materialising a base (leftovers of dead pids swept)

@@ -63,23 +63,46 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def sha256_remembered(path: Path) -> str:
-    """sha256_file of a file in kvforge's cache (a download it never rewrites in place), remembered beside it in
-    `.<name>.sha256` with the file's size, inode, mtime_ns and ctime_ns: while all four are unchanged the digest is
-    read from there, else the file is read again (a replaced or touched file changes its ctime). An unwritable
-    directory only costs the re-read next time."""
-    path = Path(path)
-    st = path.stat()
-    stamp = f"{st.st_size} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns}"
-    memo = path.with_name(f".{path.name}.sha256")
+def stat_stamp(path: Path) -> str:
+    """What says a file is unchanged since it was hashed: its size, inode, mtime_ns and ctime_ns (ctime cannot be
+    set back by a user, so any rewrite of the file changes the stamp)."""
+    st = Path(path).stat()
+    return f"{st.st_size} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns}"
+
+
+def sha256_memo(path: Path) -> Path:
+    """Where the sha256 of a file in kvforge's cache is remembered: `.<name>.sha256` beside it."""
+    return Path(path).with_name(f".{Path(path).name}.sha256")
+
+
+def remembered_sha256(path: Path) -> str | None:
+    """The file's sha256 as remembered beside it, if its stat_stamp is still the one it was hashed with; else
+    None (never hashes)."""
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        digest, _, seen = memo.read_text(encoding="utf-8").strip().partition(" ")
-        if seen == stamp and re.fullmatch(r"[0-9a-f]{64}", digest):
+        digest, _, seen = sha256_memo(path).read_text(encoding="utf-8").strip().partition(" ")
+        if seen == stat_stamp(path) and re.fullmatch(r"[0-9a-f]{64}", digest):
             return digest
-    digest = sha256_file(path)
+    return None
+
+
+def remember_sha256(path: Path, digest: str, stamp: str | None = None) -> None:
+    """Remember `digest` as the file's sha256, for the file as `stamp` (stat_stamp when it was hashed; default:
+    now) says it was; not when the file has changed since. An unwritable directory only costs a re-hash."""
     with contextlib.suppress(OSError):
-        if path.stat().st_ctime_ns == st.st_ctime_ns:  # not changed while it was read
-            atomic_write_text(memo, f"{digest} {stamp}\n")
+        now = stat_stamp(path)
+        if stamp is None or stamp == now:
+            atomic_write_text(sha256_memo(path), f"{digest} {now}\n")
+
+
+def sha256_remembered(path: Path) -> str:
+    """sha256_file of a file in kvforge's cache (a download it never rewrites in place), remembered beside it
+    (remembered_sha256 / remember_sha256): read again only when the file changed."""
+    known = remembered_sha256(path)
+    if known is not None:
+        return known
+    stamp = stat_stamp(path)
+    digest = sha256_file(path)
+    remember_sha256(path, digest, stamp)
     return digest
 
 
