@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,36 +321,27 @@ def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[st
     return _am_without_worktree(repo, head, patches)
 
 
-def _mailinfo(cwd: Path, path: Path, k: int, env: dict[str, str]) -> tuple[dict[str, str], bytes] | None:
-    """(author, email, date and subject fields; the message as `git am` makes it) of one patch file, read by
-    `git mailinfo -b` (AM_OPTS' --keep-non-patch); None when git am would not commit it (no author name, no
-    diff, unreadable)."""
-    msg_file, diff_file = cwd / f"{k}.msg", cwd / f"{k}.diff"
-    info = gitutil.run(cwd, "mailinfo", "-b", str(msg_file), str(diff_file), stdin=path.read_bytes(), env=env,
-                       check=False)
-    fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
-    if info.returncode != 0 or not fields.get("Author") or not diff_file.stat().st_size:
-        return None
-    return fields, stripspace(fields.get("Subject", "").encode() + b"\n\n" + msg_file.read_bytes())
-
-
 def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
     out: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kvforge-am-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": tmp, "GIT_DIR": str(repo)}
         cwd = Path(tmp)
-        env = {"GIT_INDEX_FILE": str(cwd / "index"), "GIT_WORK_TREE": tmp, "GIT_DIR": str(repo)}
-        with ThreadPoolExecutor(max_workers=4) as pool:  # the messages are independent of each other and the base
-            infos = list(pool.map(lambda k: _mailinfo(cwd, patches[k], k, env), range(len(patches))))
         if gitutil.run(cwd, "read-tree", head, env=env, check=False).returncode != 0:
             return out
         tree = gitutil.run(cwd, "rev-parse", f"{head}^{{tree}}", env=env).stdout.strip()
-        for path, info in zip(patches, infos):
-            if info is None or gitutil.run(cwd, "apply", "--cached", str(path), env=env, check=False).returncode:
+        for path in patches:
+            msg_file, diff_file = Path(tmp) / "msg", Path(tmp) / "patch"
+            info = gitutil.run(cwd, "mailinfo", "-b", str(msg_file), str(diff_file), stdin=path.read_bytes(),
+                               env=env, check=False)
+            fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
+            if info.returncode != 0 or not fields.get("Author") or not diff_file.stat().st_size:
+                break
+            if gitutil.run(cwd, "apply", "--cached", str(path), env=env, check=False).returncode != 0:
                 break
             new_tree = gitutil.run(cwd, "write-tree", env=env).stdout.strip()
             if new_tree == tree:
                 break
-            fields, message = info
+            message = stripspace(fields.get("Subject", "").encode() + b"\n\n" + msg_file.read_bytes())
             when = fields.get("Date", "")
             ident = {"GIT_AUTHOR_NAME": fields["Author"], "GIT_AUTHOR_EMAIL": fields.get("Email", ""),
                      "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
