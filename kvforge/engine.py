@@ -290,6 +290,7 @@ def am_ahead(repo: Path, head: str, patches: "list[Path]") -> None:
     else); any other call computes its own."""
     key = (Path(repo).resolve(), head, tuple(p.read_bytes() for p in patches))
     fut: Future = Future()
+    _AHEAD.clear()  # one run ahead per process at a time: an earlier one (a watch's previous row) is not asked again
     _AHEAD[key] = fut
 
     def work() -> None:

@@ -61,6 +61,19 @@ def _stack(fake, specs: list[tuple[str, dict, str]]):
     return patches, commits
 
 
+def _count_git(monkeypatch) -> list[tuple[str, ...]]:
+    """Every gitutil.run call's arguments from now on, in order (the calls still run)."""
+    calls: list[tuple[str, ...]] = []
+    run = gitutil.run
+
+    def counting(cwd, *args, **kw):
+        calls.append(args)
+        return run(cwd, *args, **kw)
+
+    monkeypatch.setattr(gitutil, "run", counting)
+    return calls
+
+
 def test_probe_answers_as_each_read_alone(fake, monkeypatch):
     patches, commits = _stack(fake, [
         ("clamp", CLAMP, ""),  # upstream cherry-picked it: reverse-apply and patch-id fire
@@ -73,14 +86,8 @@ def test_probe_answers_as_each_read_alone(fake, monkeypatch):
     nb = NewBase(fake.upstream / ".git", side, "0.2.0", side, True)
     patches[2].trailers.append(type(patches[2].trailers[0])("Drop-When", f"base-contains {picked[:10]}", 0))
     alone = [gather(nb, p, c) for p, c in zip(patches, commits)]
-    calls: list[tuple[str, ...]] = []
     run = gitutil.run
-
-    def counting(cwd, *args, **kw):
-        calls.append(args)
-        return run(cwd, *args, **kw)
-
-    monkeypatch.setattr(gitutil, "run", counting)
+    calls = _count_git(monkeypatch)
     with Probe(nb, patches, commits) as probe:
         shared = [gather(nb, p, c, probe=probe) for p, c in zip(patches, commits)]
         assert probe.cherry(commits[0]) is not None  # the one git cherry over the stack answered
@@ -348,14 +355,7 @@ def test_a_run_started_ahead_is_taken_when_it_answers_the_call(fake, tmp_path, m
     patches = [_patch_file(up, fake.base, CLAMP, "[Core] clamp\n", "A B <ab@example.com>", tmp_path / "1.patch"),
                _patch_file(up, fake.base, SIDE, "[Core] side\n", "A B <ab@example.com>", tmp_path / "2.patch")]
     fresh = engine.am_without_worktree(up / ".git", fake.base, patches)
-    calls: list[tuple[str, ...]] = []
-    run = gitutil.run
-
-    def counting(cwd, *args, **kw):
-        calls.append(args)
-        return run(cwd, *args, **kw)
-
-    monkeypatch.setattr(gitutil, "run", counting)
+    calls = _count_git(monkeypatch)
     monkeypatch.setattr(engine, "_AHEAD", {})
     engine.am_ahead(up / ".git", fake.base, patches)
     assert engine.am_without_worktree(up / ".git", fake.base, patches) == fresh
