@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import gitutil
 from .errors import EXIT_APPLY, EXIT_ENV, KvforgeError
+from .pathindex import PathIndex
 from .series import Patch
 
 AM_OPTS = ("am", "-3", "--keep-non-patch", "--committer-date-is-author-date", "--no-gpg-sign")
@@ -305,14 +306,17 @@ def am_ahead(repo: Path, head: str, patches: "list[Path]") -> None:
 def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
     """The commits `git am` (AM_OPTS) makes of `patches` on `head`, made without a worktree, for the leading
     patches that apply as they are: `git mailinfo -b` reads author, date and message as am does (subject, a
-    blank line, the body, then git's stripspace), `git apply --cached` applies the patch to a temporary index
-    of the previous commit, `git write-tree` and `git commit-tree` commit it (kvforge's committer, its date the
-    author's: --committer-date-is-author-date). Same bytes in, the same commit ids as `git am`.
+    blank line, the body, then git's stripspace), `git apply --cached` applies each patch to a temporary index
+    holding only the paths the patches name (pathindex.PathIndex), and one `git fast-import` writes the commits
+    from the entries that changed (kvforge's committer, its date the author's: --committer-date-is-author-date;
+    author and dates parsed by git as am parses them). Same bytes in, the same commit ids as `git am`.
 
-    Stops at the first patch that does not apply as it is, changes nothing, or has no author name (`git am
-    -3` in a worktree decides those: the 3-way merge, "no change"); returns the commits made before it.
-    Writes objects only: no ref, no worktree, no index but its own temporary one. A run started by am_ahead
-    for these bytes (or more patches after them) on this head is taken instead of a second one."""
+    Stops at the first patch that does not apply as it is, changes nothing, has no author name or date, or
+    names a path the small index cannot answer for (`git am -3` in a worktree decides those: the 3-way merge,
+    "no change"); returns the commits made before it, or none if git refuses the stream. Writes objects only:
+    no lasting ref (fast-import's temporary one is deleted in the same run), no worktree, no index but its
+    own temporary one. A run started by am_ahead for these bytes (or more patches after them) on this head is
+    taken instead of a second one."""
     if _AHEAD:
         want = tuple(p.read_bytes() for p in patches)
         for (r, h, done), fut in list(_AHEAD.items()):
@@ -323,34 +327,68 @@ def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[st
 
 
 def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
-    out: list[str] = []
+    raws = [path.read_bytes() for path in patches]
+    made: list[bytes] = []  # fast-import commands, one commit each
+    # fast-import's ref for these commits: this thread's alone; the stream's last `reset` deletes it.
+    ref = b"refs/kvforge/am-%d-%d" % (os.getpid(), threading.get_ident())
     with tempfile.TemporaryDirectory(prefix="kvforge-am-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": tmp, "GIT_DIR": str(repo)}
-        cwd = Path(tmp)
-        if gitutil.run(cwd, "read-tree", head, env=env, check=False).returncode != 0:
-            return out
-        tree = gitutil.run(cwd, "rev-parse", f"{head}^{{tree}}", env=env).stdout.strip()
-        for path in patches:
-            msg_file, diff_file = Path(tmp) / "msg", Path(tmp) / "patch"
-            info = gitutil.run(cwd, "mailinfo", "-b", str(msg_file), str(diff_file), stdin=path.read_bytes(),
-                               env=env, check=False)
+        try:
+            index = PathIndex(repo, head, raws, Path(tmp) / "index")
+        except gitutil.GitError:  # a head git cannot read
+            return []
+        env, cwd = index.env, Path(tmp)
+        state = index.entries()
+        for path, raw, usable in zip(patches, raws, index.usable):
+            if not usable:
+                break
+            msg_file, diff_file = cwd / "msg", cwd / "patch"
+            info = gitutil.run(cwd, "mailinfo", "-b", str(msg_file), str(diff_file), stdin=raw, env=env, check=False)
             fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
-            if info.returncode != 0 or not fields.get("Author") or not diff_file.stat().st_size:
+            when = fields.get("Date", "").encode()
+            if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
                 break
             if gitutil.run(cwd, "apply", "--cached", str(path), env=env, check=False).returncode != 0:
                 break
-            new_tree = gitutil.run(cwd, "write-tree", env=env).stdout.strip()
-            if new_tree == tree:
+            new = index.entries()
+            author = _author(cwd, fields, env)
+            if new == state or author is None:
                 break
             message = stripspace(fields.get("Subject", "").encode() + b"\n\n" + msg_file.read_bytes())
-            when = fields.get("Date", "")
-            ident = {"GIT_AUTHOR_NAME": fields["Author"], "GIT_AUTHOR_EMAIL": fields.get("Email", ""),
-                     "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
-            commit = gitutil.run(cwd, "commit-tree", new_tree, "-p", head, stdin=message,
-                                 env={**env, **ident}).stdout.strip()
-            out.append(commit)
-            head, tree = commit, new_tree
-    return out
+            k = len(made) + 1
+            lines = [b"commit " + ref, b"mark :%d" % k, b"author %s %s" % (author, when),
+                     b"committer %s %s" % (_COMMITTER, when), b"data %d" % len(message) + b"\n" + message
+                     + (b"from " + head.encode() if k == 1 else b"from :%d" % (k - 1))]
+            lines += [b"D " + p for p in sorted(set(state) - set(new))]  # deletions first: a file may become a dir
+            lines += [b"M %o %s %s" % (new[p][0], new[p][1].encode(), p) for p in sorted(new) if state.get(p) != new[p]]
+            made.append(b"\n".join(lines) + b"\n\n")
+            state = new
+        if not made:
+            return []
+        stream = b"".join(made) + b"reset " + ref + b"\n\n" + b"".join(b"get-mark :%d\n" % k
+                                                                         for k in range(1, len(made) + 1))
+        res = gitutil.run(cwd, "-c", "fastimport.unpackLimit=1000", "fast-import", "--quiet", "--force",
+                          "--date-format=rfc2822", stdin=stream, env=env, binary=True, check=False)
+    return res.stdout.decode().split() if res.returncode == 0 else []
+
+
+_COMMITTER = b"%s <%s>" % (gitutil.COMMITTER["GIT_COMMITTER_NAME"].encode(),
+                           gitutil.COMMITTER["GIT_COMMITTER_EMAIL"].encode())
+# Bytes git's ident code strips from either end of a name or email ("crud"; '.' in some git versions only), and
+# the bytes it drops inside them.
+_CRUD = frozenset(b".,:;<>\"\\'" + bytes(range(33)))
+_DROPPED = frozenset(b"<>\n")
+
+
+def _author(cwd: Path, fields: dict[str, str], env: dict[str, str]) -> bytes | None:
+    """The `Name <email>` git am writes for mailinfo's Author and Email: as they are when git would not change
+    them, else git's own answer (`git var GIT_AUTHOR_IDENT`), None when git refuses them."""
+    name, email = fields["Author"].encode(), fields.get("Email", "").encode()
+    if all(v and v[0] not in _CRUD and v[-1] not in _CRUD and not _DROPPED & set(v) for v in (name, email)):
+        return b"%s <%s>" % (name, email)
+    res = gitutil.run(cwd, "var", "GIT_AUTHOR_IDENT", check=False, binary=True,
+                      env={**env, "GIT_AUTHOR_NAME": fields["Author"], "GIT_AUTHOR_EMAIL": fields.get("Email", "")})
+    ident = res.stdout.rstrip(b"\n")
+    return ident[:ident.rindex(b">") + 1] if res.returncode == 0 and b">" in ident else None
 
 
 def am_in_progress(worktree: Path) -> bool:

@@ -143,8 +143,9 @@ def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
     """Parse one format-patch file (or `raw`, its bytes, named `path`); every defect becomes a Problem.
 
     A parse is a function of (path, bytes) alone, so it is remembered for the process (a rebase reads one
-    series three times): each call gets its own Patch and lists; the unidiff objects in `files` are shared
-    and read-only."""
+    series three times), and a clean one of the bytes alone (its path appears nowhere but in `path`: a rebase
+    reads its new files again under their staged names): each call gets its own Patch and lists; the unidiff
+    objects in `files` are shared and read-only."""
     path = Path(path)
     if raw is None:
         try:
@@ -153,9 +154,16 @@ def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
             patch = Patch(path=path, raw=b"")
             patch.problems.append(Problem(path, None, f"cannot read: {exc.strerror or exc}"))
             return patch
-    done = _parsed(path, raw)
-    return replace(done, trailers=[replace(t) for t in done.trailers], files=list(done.files),
+    done = _clean(raw) or _parsed(path, raw)
+    return replace(done, path=path, trailers=[replace(t) for t in done.trailers], files=list(done.files),
                    problems=list(done.problems))
+
+
+@functools.lru_cache(maxsize=256)
+def _clean(raw: bytes) -> Patch | None:
+    """The parse of `raw` when it has no problem (a Problem names the path), else None."""
+    done = _parsed(Path("kvforge-unnamed.patch"), raw)
+    return None if done.problems else done
 
 
 @functools.lru_cache(maxsize=256)

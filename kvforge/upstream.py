@@ -45,6 +45,7 @@ from .bases import Base
 from .env import target_env
 from .errors import KvforgeError
 from .fsutil import remove_stale
+from .pathindex import PathIndex
 from .series import Patch
 from .testrun import run_pytest
 from .verify import fail_kind
@@ -114,7 +115,8 @@ def gather(nb: NewBase, patch: "Patch", patch_commit: str | None, *,
 
 class Probe:
     """One new base's reads, shared by the signals of every patch of a series (a rebase plans them all
-    against one base): the base's index is read once (`git read-tree`) instead of once per check, the
+    against one base): the base's entries for the paths the series names are read once (pathindex.PathIndex;
+    the whole index, `git read-tree`, for a patch it cannot answer for) instead of once per check, the
     reverse- and forward-apply checks of all the series' patches run as parallel processes in two waves
     (forward only for the patches whose reverse check failed), the series' patch-ids come from one `git
     cherry` over the whole stack, and which commits the repository holds from one `git cat-file
@@ -125,7 +127,9 @@ class Probe:
     def __init__(self, nb: NewBase, patches: "Sequence[Patch]" = (), commits: "Sequence[str | None]" = ()):
         self.nb = nb
         self._tmp: Path | None = None
-        self._index: Path | None = None
+        self._index: Path | None = None  # the base's whole index, for a check the small one cannot answer
+        self._small: PathIndex | None = None
+        self._answers: set[str] = set()  # sha256 of the patches self._small answers for
         self._files: dict[str, Path] = {}  # patch sha256 -> its bytes in the temporary directory
         self._checks: dict[tuple[str, bool], tuple[bool, str]] = {}
         self._exists: dict[str, bool] = {}
@@ -145,7 +149,7 @@ class Probe:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
-            self._index = None
+            self._index = self._small = None
             self._files.clear()
 
     def _dir(self) -> Path:
@@ -153,8 +157,15 @@ class Probe:
             self._tmp = Path(tempfile.mkdtemp(prefix="kvforge-probe-"))
         return self._tmp
 
-    def _env(self) -> dict[str, str]:
-        """GIT_INDEX_FILE: the base's index, read once (`git read-tree` of nb.commit) and only read after."""
+    def _env(self, patch: "Patch") -> dict[str, str]:
+        """The git environment of a check of `patch`: a PathIndex of the paths the series names when it answers
+        for this patch (built once, for the series given), else the base's whole index (`git read-tree`, once)."""
+        if self._small is None and self._patches:
+            self._small = PathIndex(self.nb.repo, self.nb.commit, [p.raw for p in self._patches],
+                                    self._dir() / "paths-index")
+            self._answers = {p.sha256 for p, ok in zip(self._patches, self._small.usable) if ok}
+        if self._small is not None and patch.sha256 in self._answers:
+            return self._small.env
         if self._index is None:
             index = self._dir() / "index"
             _git(self.nb.repo, "read-tree", self.nb.commit, check=True,
@@ -181,12 +192,16 @@ class Probe:
         return self._checks[key]
 
     def _run_checks(self, todo: "list[tuple[Patch, list[str], bool]]") -> None:
-        env = self._env()
-        calls = [["apply", "--cached", "--check", *(["-R"] if reverse else []), *[f"--include={p}" for p in paths],
-                  str(self._patch_file(patch))] for patch, paths, reverse in todo]
-        for (patch, paths, reverse), res in zip(todo, gitutil.run_many(self.nb.repo.parent, calls, env=env)):
-            last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
-            self._checks[(patch.sha256 + "\0" + "\0".join(paths), reverse)] = (res.returncode == 0, last)
+        groups: dict[str, tuple[dict[str, str], list[tuple[Patch, list[str], bool]]]] = {}
+        for item in todo:
+            env = self._env(item[0])
+            groups.setdefault(env["GIT_INDEX_FILE"], (env, []))[1].append(item)
+        for env, items in groups.values():
+            calls = [["apply", "--cached", "--check", *(["-R"] if reverse else []),
+                      *[f"--include={p}" for p in paths], str(self._patch_file(patch))] for patch, paths, reverse in items]
+            for (patch, paths, reverse), res in zip(items, gitutil.run_many(self.nb.repo.parent, calls, env=env)):
+                last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+                self._checks[(patch.sha256 + "\0" + "\0".join(paths), reverse)] = (res.returncode == 0, last)
 
     def _prefetch(self) -> None:
         """Every reverse check of the series at once, then the forward checks of those that failed."""

@@ -93,7 +93,8 @@ def test_probe_answers_as_each_read_alone(fake, monkeypatch):
         assert probe.cherry(commits[0]) is not None  # the one git cherry over the stack answered
     assert shared == alone
     assert [s.fired for s in alone[0][:2]] == [True, True] and alone[1][0].fired is False
-    assert sum(1 for a in calls if a[0] == "read-tree") == 1  # the base's index, read once for the series
+    # The base's entries for the paths the series names, read once for the series (one ls-tree); never all of it.
+    assert sum(1 for a in calls if a[0] == "ls-tree") == 1 and not any(a[0] == "read-tree" for a in calls)
     assert sum(1 for a in calls if a[0] == "cherry") == 1
 
     # A base that holds the stack itself: the one-run shortcut would count later patches as upstream; it is not
@@ -105,10 +106,19 @@ def test_probe_answers_as_each_read_alone(fake, monkeypatch):
     with Probe(nb2, patches, commits) as probe:
         assert [gather(nb2, p, c, probe=probe) for p, c in zip(patches, commits)] == alone2
         assert probe.cherry(commits[0]) is None
-    # A patch the probe was not made for is checked alone, against the same index.
+    # A patch the probe was not made for, and one whose new file sits under a file of the base (a partial index
+    # cannot know that entry), are checked against the base's whole index: the answers a check alone gives.
     other, _ = make_patch(fake.upstream, fake.base, SIDE, "[Core] side", "side", fake.root / "side.patch")
-    with Probe(nb, patches[:1], commits[:1]) as probe:
-        assert gather(nb, parse_patch(other), None, probe=probe) == gather(nb, parse_patch(other), None)
+    under = fake.root / "under.patch"
+    under.write_bytes(patches[2].raw.replace(b"vllm_like/extra.py", CORE.encode() + b"/x.py"))
+    odd = [parse_patch(other), parse_patch(under)]
+    for made_for, asked in (([patches[0]], odd[0]), ([patches[0], odd[1]], odd[1])):
+        alone3 = gather(nb, asked, None)
+        calls = _count_git(monkeypatch)
+        with Probe(nb, made_for, commits[:1]) as probe:
+            assert gather(nb, asked, None, probe=probe) == alone3
+        assert sum(1 for a in calls if a[0] == "read-tree") == 1
+        monkeypatch.setattr(gitutil, "run", run)
 
 
 def test_format_patches_gives_format_patch_bytes(fake, monkeypatch):
@@ -277,6 +287,12 @@ def test_a_remembered_parse_is_each_callers_own(tmp_path):
     assert b.fix_id == "kv-events-token-ids"
     other = parse_patch(src, src.read_bytes().replace(b"Fix-Id: kv-events-token-ids", b"Fix-Id: other-id"))
     assert other.fix_id == "other-id" and parse_patch(src).fix_id == "kv-events-token-ids"
+    # The same clean bytes under another name: that name, the same reading; a defect names its own file.
+    staged = parse_patch(tmp_path / "staged.patch", src.read_bytes())
+    assert staged.path == tmp_path / "staged.patch" and staged.files == b.files and staged.trailers == b.trailers
+    broken = src.read_bytes().replace(b"Fix-Id: kv-events-token-ids\n", b"")
+    assert {p.path for p in parse_patch(tmp_path / "x.patch", broken).problems} == {tmp_path / "x.patch"}
+    assert {p.path for p in parse_patch(tmp_path / "y.patch", broken).problems} == {tmp_path / "y.patch"}
 
 
 def _patch_file(repo: Path, start: str, edits: dict, message: str, author: str, out: Path) -> Path:
@@ -366,3 +382,50 @@ def test_a_run_started_ahead_is_taken_when_it_answers_the_call(fake, tmp_path, m
     edited.write_bytes(patches[1].read_bytes().replace(b"[Core] side", b"[Core] side, edited"))
     assert engine.am_without_worktree(up / ".git", fake.base, [patches[0], edited])[0] == fresh[0]
     assert sum(1 for a in calls if a[0] == "mailinfo") == 5
+
+
+def test_commits_without_a_worktree_for_every_kind_of_change(tmp_path):
+    """The small index and the fast-import stream make `git am`'s commits for every kind of change a patch can
+    make: a new file, a deletion that empties a directory, a rename, a mode change, a symlink, a path with a
+    space, an author whose name git trims ("crud" at either end); and stop, with the commits before it, at a
+    patch whose path is a directory in the base (a file becoming a directory: the worktree's to apply)."""
+    repo = tmp_path / "r"
+    git(tmp_path, "init", "-q", str(repo))
+    for rel, text in {"a/keep.py": "k\n", "gone/only.py": "o\n", "old name.py": "n\n" * 20, "run.sh": "echo\n",
+                      "d/x.py": "x\n"}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base", env={**gitutil.COMMITTER, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@x"})
+    base = git(repo, "rev-parse", "HEAD").strip()
+    steps = [("new file", "Ann <ann@example.com>", lambda: (repo / "a" / "new file.py").write_text("n\n")),
+             ("empty a dir", "Bo Jr. <bo@example.com>", lambda: (repo / "gone" / "only.py").unlink()),
+             ("rename", "'Cy' <.cy@example.com.>", lambda: (repo / "old name.py").rename(repo / "new name.py")),
+             ("mode", "Di, <di@example.com>", lambda: (repo / "run.sh").chmod(0o755)),
+             ("link", "Ed <ed@example.com>", lambda: (repo / "a" / "link").symlink_to("keep.py"))]
+    files = []
+    for k, (subject, author, change) in enumerate(steps):
+        change()
+        git(repo, "add", "-A")
+        name, email = author[:-1].split(" <")
+        git(repo, "commit", "-qm", subject, env={**gitutil.COMMITTER, "GIT_AUTHOR_NAME": name,
+                                                  "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": f"17000{k}0000 +0200"})
+        files.append(tmp_path / f"{k}.patch")
+        files[-1].write_bytes(engine.format_patch(repo, "HEAD"))
+    (repo / "d" / "x.py").unlink()
+    (repo / "d" / "x.py").mkdir()
+    (repo / "d" / "x.py" / "y.py").write_text("y\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "file to dir", env=gitutil.COMMITTER)
+    files.append(tmp_path / "dir.patch")
+    files[-1].write_bytes(engine.format_patch(repo, "HEAD"))
+
+    made = engine.am_without_worktree(repo / ".git", base, files[:-1])
+    wt = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", "--detach", str(wt), base)
+    git(wt, *engine.AM_OPTS, *map(str, files[:-1]), env=gitutil.COMMITTER)
+    assert made == git(wt, "rev-list", "--reverse", f"{base}..HEAD").split()
+    assert len(made) == 5 and git(repo, "log", "-1", "--format=%an|%ae", made[2]).strip() == "Cy|cy@example.com"
+    assert git(repo, "for-each-ref", "refs/kvforge/").strip() == ""  # fast-import's temporary ref is gone
+    assert engine.am_without_worktree(repo / ".git", made[-1], files[-1:]) == []  # d/x.py: a file in the base
+    assert engine.am_without_worktree(repo / ".git", made[-1], [*files[-1:], files[0]]) == []
