@@ -338,7 +338,7 @@ def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[s
             return []
         env, cwd = index.env, Path(tmp)
         state = index.entries()
-        for path, raw, usable in zip(patches, raws, index.usable):
+        for raw, usable in zip(raws, index.usable):
             if not usable:
                 break
             msg_file, diff_file = cwd / "msg", cwd / "patch"
@@ -347,8 +347,8 @@ def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[s
             when = fields.get("Date", "").encode()
             if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
                 break
-            if gitutil.run(cwd, "apply", "--cached", str(path), env=env, check=False).returncode != 0:
-                break
+            if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
+                break  # (the bytes read once: what mailinfo read is what is applied)
             new = index.entries()
             author = _author(cwd, fields, env)
             if new == state or author is None:

@@ -384,7 +384,7 @@ def test_a_run_started_ahead_is_taken_when_it_answers_the_call(fake, tmp_path, m
     assert sum(1 for a in calls if a[0] == "mailinfo") == 5
 
 
-def test_commits_without_a_worktree_for_every_kind_of_change(tmp_path):
+def test_commits_without_a_worktree_for_every_kind_of_change(tmp_path, monkeypatch):
     """The small index and the fast-import stream make `git am`'s commits for every kind of change a patch can
     make: a new file, a deletion that empties a directory, a rename, a mode change, a symlink, a path with a
     space, an author whose name git trims ("crud" at either end); and stop, with the commits before it, at a
@@ -427,5 +427,7 @@ def test_commits_without_a_worktree_for_every_kind_of_change(tmp_path):
     assert made == git(wt, "rev-list", "--reverse", f"{base}..HEAD").split()
     assert len(made) == 5 and git(repo, "log", "-1", "--format=%an|%ae", made[2]).strip() == "Cy|cy@example.com"
     assert git(repo, "for-each-ref", "refs/kvforge/").strip() == ""  # fast-import's temporary ref is gone
+    monkeypatch.chdir(tmp_path)
+    assert engine.am_without_worktree(repo / ".git", base, [Path(f.name) for f in files[:-1]]) == made  # relative
     assert engine.am_without_worktree(repo / ".git", made[-1], files[-1:]) == []  # d/x.py: a file in the base
     assert engine.am_without_worktree(repo / ".git", made[-1], [*files[-1:], files[0]]) == []
