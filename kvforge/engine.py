@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,21 +59,25 @@ def format_patch(repo: Path, commit: str) -> bytes:
 
 
 def format_patches(repo: Path, base: str, commits: list[str]) -> None:
-    """Format the linear stack `commits` on `base` (full ids, oldest first) with ONE `git format-patch`, for the
-    format_patch calls that follow (kvforge.rebase.commit reads each carried commit). Each patch is written
-    with its own commit id in its `From` line (read back to pair file and commit, then zeroed: the bytes of
-    --zero-commit); a result that does not pair one file with each commit is dropped (format_patch then runs
-    per commit), so a later format_patch returns exactly what it would have computed alone."""
+    """Format the linear stack `commits` on `base` (full ids, oldest first), one `git format-patch` of a range per
+    commit, run at once (a few at a time per CPU: run_many; one run over the whole stack leaves the second CPU
+    idle, and the costs of the commits differ too much to split it evenly), for the format_patch calls that follow
+    (kvforge.rebase.commit reads each carried commit). Each patch is written with its own commit id in its
+    `From` line (read back to pair file and commit, then zeroed: the bytes of --zero-commit); a result that does
+    not pair one file with each commit is dropped (format_patch then runs per commit), so a later format_patch
+    returns exactly what it would have computed alone."""
     if len(commits) < 2 or not all(_FULL_SHA.match(c) for c in commits):
         return
     opts = [o for o in FORMAT_PATCH if o not in ("-1", "--stdout", "--zero-commit")]
+    ranges = [f"{a}..{b}" for a, b in zip([base, *commits[:-1]], commits)]
+    found: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="kvforge-format-") as tmp:
-        res = gitutil.run(repo, *PINNED_CONFIG, *opts, *PINNED_OPTS, "--numbered-files", "-o", tmp,
-                          f"{base}..{commits[-1]}", check=False)
-        if res.returncode != 0:
+        outs = [Path(tmp) / str(k) for k in range(len(ranges))]
+        calls = [[*PINNED_CONFIG, *opts, *PINNED_OPTS, "--numbered-files", "-o", str(out), r]
+                 for out, r in zip(outs, ranges)]
+        if any(res.returncode != 0 for res in gitutil.run_many(repo, calls)):
             return
-        found: dict[str, bytes] = {}
-        for f in Path(tmp).iterdir():
+        for f in (f for out in outs for f in out.iterdir()):
             raw = f.read_bytes()
             m = re.match(rb"^From ([0-9a-f]{40}) ", raw)
             if m is None:
@@ -283,20 +287,20 @@ def stripspace(text: bytes) -> bytes:
 _AHEAD: dict[tuple[Path, str, tuple[bytes, ...]], Future] = {}
 
 
-def am_ahead(repo: Path, head: str, patches: "list[Path]") -> None:
-    """Start am_without_worktree(repo, head, patches) in a thread, for a caller that will likely ask for it (or
-    for a prefix of it) while it does other work: the rebase commits the series while its signals run. Its
-    commits are objects only; a later am_without_worktree of the same bytes on the same head (or of a prefix of
-    them) waits for it and takes its answer, which is the one it would compute (the commits depend on nothing
-    else); any other call computes its own."""
-    key = (Path(repo).resolve(), head, tuple(p.read_bytes() for p in patches))
+def am_ahead(repo: Path, head: str, raws: "list[bytes]") -> None:
+    """Start am_without_worktree of patch files holding `raws` on `head`, in a thread, for a caller that will
+    likely ask for it (or for a prefix of it) while it does other work: the rebase commits the series while its
+    signals run. Its commits are objects only; a later am_without_worktree of the same bytes on the same head
+    (or of a prefix of them) waits for it and takes its answer, which is the one it would compute (the commits
+    depend on nothing else); any other call computes its own."""
+    key = (Path(repo).resolve(), head, tuple(raws))
     fut: Future = Future()
     _AHEAD.clear()  # one run ahead per process at a time: an earlier one (a watch's previous row) is not asked again
     _AHEAD[key] = fut
 
     def work() -> None:
         try:
-            fut.set_result(_am_without_worktree(repo, head, patches))
+            fut.set_result(_am_without_worktree(repo, head, list(raws)))
         except BaseException as exc:  # handed to the caller that takes it
             fut.set_exception(exc)
 
@@ -317,17 +321,15 @@ def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[st
     no lasting ref (fast-import's temporary one is deleted in the same run), no worktree, no index but its
     own temporary one. A run started by am_ahead for these bytes (or more patches after them) on this head is
     taken instead of a second one."""
-    if _AHEAD:
-        want = tuple(p.read_bytes() for p in patches)
-        for (r, h, done), fut in list(_AHEAD.items()):
-            if h == head and done[:len(want)] == want and r == Path(repo).resolve():
-                with contextlib.suppress(Exception):  # it failed: compute here, where the error belongs
-                    return list(fut.result())[:len(want)]
-    return _am_without_worktree(repo, head, patches)
+    want = [p.read_bytes() for p in patches]
+    for (r, h, done), fut in list(_AHEAD.items()):
+        if h == head and done[:len(want)] == tuple(want) and r == Path(repo).resolve():
+            with contextlib.suppress(Exception):  # it failed: compute here, where the error belongs
+                return list(fut.result())[:len(want)]
+    return _am_without_worktree(repo, head, want)
 
 
-def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
-    raws = [path.read_bytes() for path in patches]
+def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str]:
     made: list[bytes] = []  # fast-import commands, one commit each
     # fast-import's ref for these commits: this thread's alone; the stream's last `reset` deletes it.
     ref = b"refs/kvforge/am-%d-%d" % (os.getpid(), threading.get_ident())
@@ -338,30 +340,39 @@ def _am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[s
             return []
         env, cwd = index.env, Path(tmp)
         state = index.entries()
-        for raw, usable in zip(raws, index.usable):
-            if not usable:
-                break
-            msg_file, diff_file = cwd / "msg", cwd / "patch"
-            info = gitutil.run(cwd, "mailinfo", "-b", str(msg_file), str(diff_file), stdin=raw, env=env, check=False)
-            fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
-            when = fields.get("Date", "").encode()
-            if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
-                break
-            if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
-                break  # (the bytes read once: what mailinfo read is what is applied)
-            new = index.entries()
-            author = _author(cwd, fields, env)
-            if new == state or author is None:
-                break
-            message = stripspace(fields.get("Subject", "").encode() + b"\n\n" + msg_file.read_bytes())
-            k = len(made) + 1
-            lines = [b"commit " + ref, b"mark :%d" % k, b"author %s %s" % (author, when),
-                     b"committer %s %s" % (_COMMITTER, when), b"data %d" % len(message) + b"\n" + message
-                     + (b"from " + head.encode() if k == 1 else b"from :%d" % (k - 1))]
-            lines += [b"D " + p for p in sorted(set(state) - set(new))]  # deletions first: a file may become a dir
-            lines += [b"M %o %s %s" % (new[p][0], new[p][1].encode(), p) for p in sorted(new) if state.get(p) != new[p]]
-            made.append(b"\n".join(lines) + b"\n\n")
-            state = new
+        usable = index.usable[:next((k for k, ok in enumerate(index.usable) if not ok), len(raws))]
+        with ThreadPoolExecutor(1, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last one
+            def mailinfo(k: int) -> "Future[gitutil.Result] | None":
+                """Patch k's mailinfo, started now (while patch k-1 applies), or None past the usable patches."""
+                if k >= len(usable):
+                    return None
+                args = ("mailinfo", "-b", str(cwd / f"msg{k}"), str(cwd / f"patch{k}"))
+                return pool.submit(lambda: gitutil.run(cwd, *args, stdin=raws[k], env=env, check=False))
+
+            upcoming = mailinfo(0)
+            for k, raw in enumerate(raws[:len(usable)]):
+                assert upcoming is not None
+                info, upcoming = upcoming.result(), mailinfo(k + 1)  # at most one mailinfo past a stop: no waste
+                msg_file, diff_file = cwd / f"msg{k}", cwd / f"patch{k}"
+                fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
+                when = fields.get("Date", "").encode()
+                if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
+                    break
+                if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
+                    break  # (the bytes read once: what mailinfo read is what is applied)
+                new = index.entries()
+                author = _author(cwd, fields, env)
+                if new == state or author is None:
+                    break
+                message = stripspace(fields.get("Subject", "").encode() + b"\n\n" + msg_file.read_bytes())
+                mark = len(made) + 1
+                lines = [b"commit " + ref, b"mark :%d" % mark, b"author %s %s" % (author, when),
+                         b"committer %s %s" % (_COMMITTER, when), b"data %d" % len(message) + b"\n" + message
+                         + (b"from " + head.encode() if mark == 1 else b"from :%d" % (mark - 1))]
+                lines += [b"D " + p for p in sorted(set(state) - set(new))]  # deletions first: a file may become a dir
+                lines += [b"M %o %s %s" % (new[p][0], new[p][1].encode(), p) for p in sorted(new) if state.get(p) != new[p]]
+                made.append(b"\n".join(lines) + b"\n\n")
+                state = new
         if not made:
             return []
         stream = b"".join(made) + b"reset " + ref + b"\n\n" + b"".join(b"get-mark :%d\n" % k

@@ -140,7 +140,7 @@ def test_format_patches_gives_format_patch_bytes(fake, monkeypatch):
     run = gitutil.run
     monkeypatch.setattr(gitutil, "run", lambda *args, **kw: calls.append(args) or run(*args, **kw))
     assert {x: engine.format_patch(repo, x) for x in (a, b, c)} == expected
-    assert calls == []  # all three came from the one format-patch run
+    assert calls == []  # all three came from format_patches
     # A list that is not the stack base..tip pairs nothing: each commit is formatted alone again.
     d = _commit_on(repo, c, SIDE, "[Misc] side")
     engine.format_patches(repo, fake.base, [a, d])
@@ -373,7 +373,7 @@ def test_a_run_started_ahead_is_taken_when_it_answers_the_call(fake, tmp_path, m
     fresh = engine.am_without_worktree(up / ".git", fake.base, patches)
     calls = _count_git(monkeypatch)
     monkeypatch.setattr(engine, "_AHEAD", {})
-    engine.am_ahead(up / ".git", fake.base, patches)
+    engine.am_ahead(up / ".git", fake.base, [p.read_bytes() for p in patches])
     assert engine.am_without_worktree(up / ".git", fake.base, patches) == fresh
     assert engine.am_without_worktree(up / ".git", fake.base, patches[:1]) == fresh[:1]
     assert sum(1 for a in calls if a[0] == "mailinfo") == 2  # the run ahead's, once per patch

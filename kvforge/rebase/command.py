@@ -78,6 +78,10 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
         stack = open_stack(ctx)
         ctx.say(f"new base: {new_comp.release.package} {new_comp.ref}")
         new_base = ensure_base(new_comp, ctx.cache, ctx.source, ctx.repo_url, ctx.progress)
+        # Commit the whole series on the new base while the rest is read and the signals run (most rebases carry
+        # most patches): the apply step takes these commits when its run of carried patches (the copies of these
+        # bytes in the state directory) is this series or begins it.
+        am_ahead(new_base.repo, new_base.commit, [p.raw for p in series.patches])
         olds = old_commits(ctx, stack, old_base, new_base)
         t_base = time.monotonic() - t0
 
@@ -105,9 +109,6 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
                             old_target=file_digest(ctx.target.path)),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), root_id=project_id(root))
         t0 = time.monotonic()
-        # Commit the whole series on the new base while the signals run (most rebases carry most patches): the
-        # apply step takes these commits when its run of carried patches is this series or begins it.
-        am_ahead(new_base.repo, new_base.commit, [sdir / "patches" / p.name for p in series.patches])
         steps, t_checks = plan(ctx, new_comp, new_base, series.patches, olds, checks)
         st = State(plan=the_plan, steps=steps, head=new_base.commit, notes=notes,
                    seconds={"base": round(t_base, 3), "plan": round(time.monotonic() - t0 - t_checks, 3),
