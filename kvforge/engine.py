@@ -340,19 +340,18 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
             return []
         env, cwd = index.env, Path(tmp)
         state = index.entries()
-        usable = index.usable[:next((k for k, ok in enumerate(index.usable) if not ok), len(raws))]
+        n = next((k for k, ok in enumerate(index.usable) if not ok), len(raws))  # the patches it answers for
         with ThreadPoolExecutor(1, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last one
-            def mailinfo(k: int) -> "Future[gitutil.Result] | None":
-                """Patch k's mailinfo, started now (while patch k-1 applies), or None past the usable patches."""
-                if k >= len(usable):
-                    return None
+            def mailinfo(k: int) -> "Future[gitutil.Result]":
+                """Patch k's mailinfo, started now (while patch k-1 applies)."""
                 args = ("mailinfo", "-b", str(cwd / f"msg{k}"), str(cwd / f"patch{k}"))
                 return pool.submit(lambda: gitutil.run(cwd, *args, stdin=raws[k], env=env, check=False))
 
-            upcoming = mailinfo(0)
-            for k, raw in enumerate(raws[:len(usable)]):
-                assert upcoming is not None
-                info, upcoming = upcoming.result(), mailinfo(k + 1)  # at most one mailinfo past a stop: no waste
+            started = [mailinfo(0)] if n else []
+            for k, raw in enumerate(raws[:n]):
+                if k + 1 < n:
+                    started.append(mailinfo(k + 1))  # at most one mailinfo past a stop: no waste
+                info = started[k].result()
                 msg_file, diff_file = cwd / f"msg{k}", cwd / f"patch{k}"
                 fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
                 when = fields.get("Date", "").encode()

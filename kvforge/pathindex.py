@@ -4,8 +4,8 @@
 such an index it gives the answer it gives against the commit's full index (vLLM's: 4,700 entries, 585 KB
 read and written by every git call) at a fraction of the cost. The claim holds for a patch whose every named
 path was looked up in the commit: each is a file there or absent, and none of its parent directories is a file
-(apply replaces such entries in a full index; a partial one cannot know them). `build` says, per patch, whether
-it holds; a caller asks a full index for the patches it does not (`usable`).
+(apply replaces such entries in a full index; a partial one cannot know them). `PathIndex.usable` says, per
+patch, whether it holds; a caller asks a full index for the patches it does not.
 
 Owns only its own index file; writes objects to no repository.
 """

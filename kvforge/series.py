@@ -162,12 +162,17 @@ def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
 @functools.lru_cache(maxsize=256)
 def _clean(raw: bytes) -> Patch | None:
     """The parse of `raw` when it has no problem (a Problem names the path), else None."""
-    done = _parsed(Path("kvforge-unnamed.patch"), raw)
+    done = _parse(Path("kvforge-unnamed.patch"), raw)
     return None if done.problems else done
 
 
 @functools.lru_cache(maxsize=256)
 def _parsed(path: Path, raw: bytes) -> Patch:
+    """The parse of a patch with problems, which name `path`."""
+    return _parse(path, raw)
+
+
+def _parse(path: Path, raw: bytes) -> Patch:
     patch = Patch(path=path, raw=raw)
     try:
         text = raw.decode("utf-8")
