@@ -31,12 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvforge.bases import ensure_base  # noqa: E402
-from kvforge.cache import Cache  # noqa: E402
-from kvforge.engine import format_patch  # noqa: E402
-from kvforge.report import table  # noqa: E402
-from kvforge.series import read_series  # noqa: E402
-from kvforge.targets import load_target  # noqa: E402
+from kvforge.git.bases import ensure_base  # noqa: E402
+from kvforge.core.cache import Cache  # noqa: E402
+from kvforge.git.engine import format_patch  # noqa: E402
+from kvforge.core.render import table  # noqa: E402
+from kvforge.project.series import read_series  # noqa: E402
+from kvforge.project.targets import load_target  # noqa: E402
 
 IDENT_ENV = {"GIT_AUTHOR_NAME": "kvforge", "GIT_AUTHOR_EMAIL": "kvforge@users.noreply.github.com",
              "GIT_COMMITTER_NAME": "kvforge", "GIT_COMMITTER_EMAIL": "kvforge@users.noreply.github.com",

@@ -48,12 +48,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvforge import build as kbuild  # noqa: E402
-from kvforge.cache import Cache  # noqa: E402
-from kvforge.context import Context  # noqa: E402
-from kvforge.fsutil import sha256_file  # noqa: E402
-from kvforge.platforms import DEVICES, package_build  # noqa: E402
-from kvforge.trees import open_stack  # noqa: E402
+from kvforge.wheels import build as kbuild  # noqa: E402
+from kvforge.core.cache import Cache  # noqa: E402
+from kvforge.git.context import Context  # noqa: E402
+from kvforge.core.fsutil import sha256_file  # noqa: E402
+from kvforge.project.platforms import DEVICES, package_build  # noqa: E402
+from kvforge.git.trees import open_stack  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -142,8 +142,8 @@ def per_wheel(args) -> int:
 def own_device_build(ctx, dev, dest: Path) -> None:
     """vLLM's own build for the device of the unpatched base tree: export, then `pip wheel` with the device's
     environment in the same CPU env and build tools kvforge uses."""
-    from kvforge import gitutil
-    from kvforge.env import target_env
+    from kvforge.git import gitutil
+    from kvforge.env.venv import target_env
 
     stack = open_stack(ctx)
     env = target_env(ctx, base=stack.base)

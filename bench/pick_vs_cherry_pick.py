@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvforge.bases import download_sdist  # noqa: E402
-from kvforge.cache import Cache, default_cache_dir  # noqa: E402
-from kvforge.report import table  # noqa: E402
-from kvforge.targets import load_target  # noqa: E402
+from kvforge.git.bases import download_sdist  # noqa: E402
+from kvforge.core.cache import Cache, default_cache_dir  # noqa: E402
+from kvforge.core.render import table  # noqa: E402
+from kvforge.project.targets import load_target  # noqa: E402
 
 IDENT = {"GIT_AUTHOR_NAME": "vLLM", "GIT_AUTHOR_EMAIL": "noreply@vllm.ai", "GIT_COMMITTER_NAME": "vLLM",
          "GIT_COMMITTER_EMAIL": "noreply@vllm.ai", "GIT_AUTHOR_DATE": "2026-05-08T12:00:00+00:00",

@@ -61,15 +61,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from apply_vs_git_am import IDENT_ENV, forward_series  # noqa: E402
 
-from kvforge import bases, gitutil  # noqa: E402
-from kvforge.bases import ensure_base, import_archive  # noqa: E402
-from kvforge.cache import REF_IMPORT, Cache  # noqa: E402
-from kvforge.context import Context  # noqa: E402
-from kvforge.fsutil import sha256_file  # noqa: E402
-from kvforge.report import table  # noqa: E402
-from kvforge.series import read_series  # noqa: E402
-from kvforge.targets import Component, Release, load_target  # noqa: E402
-from kvforge.trees import open_stack  # noqa: E402
+from kvforge.git import bases
+from kvforge import gitutil  # noqa: E402
+from kvforge.git.bases import ensure_base, import_archive  # noqa: E402
+from kvforge.core.cache import REF_IMPORT, Cache  # noqa: E402
+from kvforge.git.context import Context  # noqa: E402
+from kvforge.core.fsutil import sha256_file  # noqa: E402
+from kvforge.core.render import table  # noqa: E402
+from kvforge.project.series import read_series  # noqa: E402
+from kvforge.project.targets import Component, Release, load_target  # noqa: E402
+from kvforge.git.trees import open_stack  # noqa: E402
 
 
 def git(cwd: Path, *args: str) -> str:

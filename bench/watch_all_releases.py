@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvforge.report import table  # noqa: E402
+from kvforge.core.render import table  # noqa: E402
 
 KVFORGE = [sys.executable, "-c", "from kvforge.cli import main; main()"]
 

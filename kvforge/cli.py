@@ -26,13 +26,13 @@ from typing import Any, NoReturn
 
 import click
 
-from . import __version__
-from .bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
-from .cache import Cache
-from .errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, KvforgeError
-from .outcome import Outcome
-from .platforms import DEVICES, JOB_KINDS, PLATFORMS
-from .report import json_text
+from kvforge import __version__
+from kvforge.bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
+from kvforge.core.cache import Cache
+from kvforge.core.errors import EXIT_CODES, EXIT_INTERNAL, EXIT_USAGE, KvforgeError
+from kvforge.core.outcome import Outcome
+from kvforge.project.platforms import DEVICES, JOB_KINDS, PLATFORMS
+from kvforge.core.render import json_text
 
 GLOBAL_OPTIONS = ("--cache-dir",)
 
@@ -132,7 +132,7 @@ def interrupted(exc: BaseException) -> NoReturn:
 
 
 def make_ctx(cache: Cache, target_name: str, component: str | None = None, **kw):
-    from .context import Context
+    from kvforge.git.context import Context
 
     return Context.load(cache, target_name, component, progress=progress, **kw)
 
@@ -229,7 +229,7 @@ def cli(ctx: click.Context) -> None:
 @handle_errors
 def targets_cmd(cache: Cache, as_json: bool) -> None:
     """List the release targets and their components."""
-    from . import targets
+    from kvforge.project import targets
 
     finish(targets.targets_command(), as_json)
 
@@ -280,7 +280,7 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
     patches/NAME[-COMPONENT]/ and targets/NAME.toml in one step. An existing NAME is
     refused (exit 2, never overwritten); no package index (offline) is exit 6.
     """
-    from . import targetadd
+    from kvforge.flow import targetadd
 
     actions = [a for a, on in (("continue", do_continue), ("skip", do_skip), ("abort", do_abort)) if on]
     if len(actions) > 1:
@@ -305,7 +305,7 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
     the sha256 pinned in the target file and imported with a fixed author and date, so the commit
     id is the same on every machine. A cached base costs no network.
     """
-    from . import bases
+    from kvforge.git import bases
 
     finish(bases.base_command(make_ctx(cache, target_name, component, source=source, repo_url=repo_url)), as_json)
 
@@ -345,7 +345,7 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
     file, hunk and line. Re-running is a no-op when the branch already holds exactly this series;
     a branch that differs (your work) is never touched: the refusal says how to keep it.
     """
-    from . import apply
+    from kvforge.flow import apply
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
     finish(apply.apply_command(ctx, component, into, repo_dir, branch, keep_conflict), as_json)
@@ -369,7 +369,7 @@ def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None,
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree.
 
     With --selections, also every test selection against its base (exit 1 when a path is missing)."""
-    from . import selection
+    from kvforge.proof import selection
 
     finish(selection.lint_command(cache, target_names, component, selections, collect, progress), as_json)
 
@@ -389,7 +389,7 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
     against its target's base: drop now, keep, or cannot tell here (an sdist base has no history;
     a PR's state needs the network).
     """
-    from . import status
+    from kvforge.flow import status
 
     finish(status.status_command(cache, check, progress), as_json)
 
@@ -415,7 +415,7 @@ def report_cmd(cache: Cache, target_names: tuple[str, ...], fmt: str, as_json: b
     e.g. `kvforge report --format trend >> carrying.jsonl` in a scheduled job.
     Materialises the bases into the cache, as `kvforge status --check` does.
     """
-    from . import carrying
+    from kvforge.flow import carrying
 
     finish(carrying.report_command(cache, target_names, fmt, progress), as_json)
 
@@ -443,7 +443,7 @@ def init_cmd(cache: Cache, dest: Path, upstream: str, release: str | None, name:
     All or nothing: DIR must not exist or be empty; everything is made beside it and renamed into place
     in one step. kvforge finds the project from the current directory (or $KVFORGE_ROOT) afterwards.
     """
-    from . import scaffold
+    from kvforge.ci import scaffold
 
     finish(scaffold.init_command(dest, upstream, release, name, install, cache, progress), as_json)
 
@@ -472,7 +472,9 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     ./<component>-<target>. On a target with several components, --component defaults to the one
     `kvforge apply` recorded in that tree (git config kvforge.component).
     """
-    from . import components, export, targets
+    from kvforge.env import components
+    from kvforge.flow import export
+    from kvforge.project import targets
 
     if component is None:
         component = components.component_of_tree(targets.load_target(target_name), from_rev)
@@ -504,11 +506,11 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
     one environment. With --python, your interpreter is used and only what it lacks goes into an
     overlay in the cache.
     """
-    from . import env
+    from kvforge.env import venv
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, python=python,
                    torch_index=torch_index)
-    finish(env.env_command(ctx, rebuild=rebuild, platform=platform_name), as_json)
+    finish(venv.env_command(ctx, rebuild=rebuild, platform=platform_name), as_json)
 
 
 @cli.command("test")
@@ -539,7 +541,8 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
     component built on another (vllm-ascend) runs from its own tree with that one's patched tree
     importable and its declared stand-ins, which the output lists.
     """
-    from . import selection, testrun
+    from kvforge.proof import selection
+    from kvforge.proof import testrun
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
@@ -562,14 +565,14 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     are held to the regression suite only. The report is saved as JSON in the cache. Exit 0 only
     when everything is proven. Without --component, every component of the target, in order.
     """
-    from . import verify
+    from kvforge.proof import verify
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(verify.verify_command(ctx, component), as_json)
 
 
-# ---------------------------------------------------------------- build, matrix (kvforge/build.py, kvforge/matrix.py)
+# ---------------------------------------------------------------- build, matrix (kvforge/wheels/build.py, kvforge/ci/matrix.py)
 
 def _shard_value(_ctx, _param, value):
     if value is None:
@@ -627,7 +630,7 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
     imported from the installed wheel. A series that changes compiled inputs or packaging
     (csrc/, setup.py, requirements, ...) is refused: --mode source prints vLLM's own build.
     """
-    from . import build
+    from kvforge.wheels import build
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
@@ -647,7 +650,7 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
 @click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", help="Only these targets (repeatable).")
 @click.option("--cuda-shards", type=int, default=1, show_default=True, help="Split each cuda job's tests N ways.")
 @click.option("--runs-on", "runs_on", multiple=True, metavar="PLATFORM=LABEL[,LABEL]",
-              help="GitHub runner labels for a platform instead of kvforge/platforms.py's defaults.")
+              help="GitHub runner labels for a platform instead of kvforge/project/platforms.py's defaults.")
 @json_option
 @handle_errors
 def matrix_cmd(fmt: str, changed_since: str | None, kinds: tuple[str, ...], target_names: tuple[str, ...],
@@ -657,7 +660,7 @@ def matrix_cmd(fmt: str, changed_since: str | None, kinds: tuple[str, ...], targ
     Generated only: nothing is run, and cuda/npu jobs (runs_here: false) are never reported as
     passed. With --json (or --format json) errors are a JSON object too.
     """
-    from . import matrix
+    from kvforge.ci import matrix
 
     as_json = as_json or fmt == "json"
     finish(matrix.matrix_command("json" if as_json else fmt, changed_since, kinds, target_names, cuda_shards,
@@ -695,7 +698,7 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
     bug reports are checked on the patched tree and printed; they do not change the exit status.
     Exit 4 when a scenario could not run on a tree (its error is in the table).
     """
-    from .bench import prefix_cache
+    from kvforge.bench import prefix_cache
 
     if plot_path is not None:
         prefix_cache.check_plot_available()
@@ -737,7 +740,7 @@ def bench_scheduler_overhead_cmd(cache: Cache, target_name: str, component: str 
     did the same work), the sliding-window cache mask's cost per 4096-token chunk and a per-group
     profile. Results are kept in the cache as JSON. The goal does not change the exit status.
     """
-    from .bench import overhead
+    from kvforge.bench import overhead
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
@@ -779,7 +782,7 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
     decided; then the series, the target's ref/version/sha256 and the ledger change in one step.
     Exit 3 when the rebase stopped at a patch.
     """
-    from . import rebase
+    from kvforge.flow import rebase
 
     actions = [a for a, on in (("continue", do_continue), ("skip", do_skip), ("abort", do_abort)) if on]
     if len(actions) > 1:
@@ -788,7 +791,7 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
     finish(rebase.run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, checks), as_json)
 
 
-# ---------------------------------------------------------------- watch (kvforge/watch.py)
+# ---------------------------------------------------------------- watch (kvforge/flow/watch.py)
 
 
 @cli.command("watch")
@@ -825,7 +828,7 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
     check; 6 when one failed on the network). --json (or --format json) gives every release with its
     markdown body and issue title, for the scheduled workflow (ci/github/kvforge-watch.yml).
     """
-    from . import watch
+    from kvforge.flow import watch
 
     finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress, apply),
            as_json or fmt == "json")
@@ -851,7 +854,7 @@ def port_cmd(cache: Cache, fix_id: str, to_target: str, from_target: str | None,
     Then: resolve, `git am --continue`, `kvforge verify -t TARGET --from DIR`, `kvforge export -t
     TARGET --from DIR`. Exit 3 when it conflicts (the tree is left at the conflict).
     """
-    from . import port
+    from kvforge.flow import port
 
     ctx = make_ctx(cache, to_target, component, source=source, repo_url=repo_url)
     finish(port.port(ctx, fix_id, from_target, into), as_json)
@@ -908,7 +911,7 @@ def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: t
     changes until every target is decided; then all of them change in one step
     (present targets get an in_base entry). See docs/pick.md.
     """
-    from . import pick
+    from kvforge.flow import pick
 
     if do_continue and do_abort:
         raise KvforgeError("--continue and --abort exclude each other", EXIT_USAGE)
@@ -923,7 +926,7 @@ def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: t
                      progress=progress), as_json)
 
 
-# ---------------------------------------------------------------- pr, notes (kvforge/pr.py)
+# ---------------------------------------------------------------- pr, notes (kvforge/flow/pr.py)
 
 TEXT_EXIT_HELP = """\b
 Exit codes:
@@ -988,7 +991,9 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     (exit 2). Repository, --base branch and style come from the component. On a target with several
     components, --component defaults to the one whose patch for the fix has a PR route.
     """
-    from . import pr, prpolicy, targets
+    from kvforge.flow import pr
+    from kvforge.flow import prpolicy
+    from kvforge.project import targets
 
     gh = pr.find_gh() if open_in_gh else None
     if component is None:
@@ -1017,7 +1022,7 @@ def notes_cmd(cache: Cache, target_name: str, component: str | None, template_pa
     scenario) and when to drop it; the fixes the base already has; shortlog, diffstat and
     base-commit as in a b4 cover letter. Evidence rules as for `kvforge pr`.
     """
-    from . import pr
+    from kvforge.flow import pr
 
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
     finish(pr.notes_command(ctx, template_path, allow_stale, out), as_json)

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import FAKE_TARGET, FILES, Fake, git
 
-from kvforge.cache import Cache, default_cache_dir
+from kvforge.core.cache import Cache, default_cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 V0202_SHA256 = "58809377798c5335c6e2fe30092abda54d9200b5b8a717b3735a63f5daa0e383"
@@ -47,8 +47,8 @@ def session_cache(tmp_path_factory) -> Cache:
     user_downloads = default_cache_dir() / "downloads"
     src = user_downloads / "vllm-0.20.2.tar.gz"
     if not src.is_file():
-        from kvforge.bases import download_sdist
-        from kvforge.targets import load_target
+        from kvforge.git.bases import download_sdist
+        from kvforge.project.targets import load_target
 
         download_sdist(load_target("v0.20.2rc", REPO_ROOT).component(), Cache(default_cache_dir()), print)
     shutil.copy2(src, cache.downloads / src.name)
@@ -58,8 +58,8 @@ def session_cache(tmp_path_factory) -> Cache:
 @pytest.fixture(scope="session")
 def base_v0202(session_cache):
     """The imported base: (Cache, Base). Imported once per session."""
-    from kvforge.bases import ensure_base
-    from kvforge.targets import parse_target
+    from kvforge.git.bases import ensure_base
+    from kvforge.project.targets import parse_target
 
     root = session_cache.root / "project-for-base"
     (root / "targets").mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def project(tmp_path, monkeypatch, base_v0202):
     monkeypatch.setenv("KVFORGE_OFFLINE", "1")
     yield root
     # The base repository is shared by the session: drop what this test made in it.
-    from kvforge import gitutil
+    from kvforge.git import gitutil
 
     for line in gitutil.run(_base.repo, "worktree", "list", "--porcelain").stdout.splitlines():
         if line.startswith("worktree ") and Path(line[9:]) != _base.repo:

@@ -42,7 +42,7 @@ def make_patch(repo: Path, start: str, edits: dict[str, tuple[str, str]], subjec
         commit = git(repo, "commit-tree", tree, "-p", start, "-m", message).strip()
     finally:
         index.unlink(missing_ok=True)
-    from kvforge.engine import format_patch
+    from kvforge.git.engine import format_patch
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(format_patch(repo, commit))

@@ -259,8 +259,8 @@ def test_unknown_target_lists_known_ones(project):
 
 def test_write_through_a_symlink_of_the_base_is_refused(tmp_path):
     """A tree whose `docs` is a link to outside: a patch writing docs/x must not be applied."""
-    from kvforge.engine import ApplyFailure, am_series
-    from kvforge.series import parse_patch
+    from kvforge.git.engine import ApplyFailure, am_series
+    from kvforge.project.series import parse_patch
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -282,7 +282,7 @@ def test_write_through_a_symlink_of_the_base_is_refused(tmp_path):
     git(other, "add", "-A")
     git(other, "commit", "-qm", f"[Core] write docs/x\n\nBody.\n\n{trailers_block()}")
     patch = tmp_path / "0001-x.patch"
-    from kvforge.engine import format_patch
+    from kvforge.git.engine import format_patch
 
     patch.write_bytes(format_patch(other, "HEAD"))
     parsed = parse_patch(patch)

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from helpers import FAKE_TARGET, git, make_patch
 
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 from kvforge.cli import main
-from kvforge.errors import KvforgeError
-from kvforge.targets import Release, load_target, parse_target
+from kvforge.core.errors import KvforgeError
+from kvforge.project.targets import Release, load_target, parse_target
 
 REPO = Path(__file__).resolve().parent.parent
 ASCEND_SDIST = "vllm_ascend-0.20.2rc1.tar.gz"
@@ -243,8 +243,8 @@ def ascend_sdist(base_v0202) -> Path:
     if not dest.is_file():
         src = USER_CACHE / "downloads" / ASCEND_SDIST
         if not src.is_file():
-            from kvforge.bases import download_sdist
-            from kvforge.cache import Cache
+            from kvforge.git.bases import download_sdist
+            from kvforge.core.cache import Cache
 
             download_sdist(load_target("v0.20.2rc", REPO).component("vllm-ascend"), Cache(USER_CACHE), print)
         shutil.copy2(src, dest)
@@ -292,7 +292,7 @@ def test_pr_for_the_second_component_takes_its_branch_from_its_ref(two):
     assert "nothing here is claimed as tested" in doc["text"] and "kvforge" not in doc["text"]
     assert any("kvforge verify -t fake --component addon" in w for w in doc["warnings"])
     assert "stand-in modules for torchair" in doc["text"]  # the test plan names the stand-ins
-    from kvforge import pr
+    from kvforge.flow import pr
 
     assert pr.base_branch(pr.Text(**{k: doc[k] for k in pr.Text.__dataclass_fields__ if k in doc
                                      and k not in ("evidence",)})) == "releases/v9rc"

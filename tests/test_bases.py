@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import TARGET_TOML, V0202_SHA256
 
-from kvforge.bases import download_sdist, ensure_base, import_archive
-from kvforge.cache import Cache, default_cache_dir
-from kvforge.errors import EXIT_ENV, KvforgeError
-from kvforge.targets import parse_target
+from kvforge.git.bases import download_sdist, ensure_base, import_archive
+from kvforge.core.cache import Cache, default_cache_dir
+from kvforge.core.errors import EXIT_ENV, KvforgeError
+from kvforge.project.targets import parse_target
 
 # The commit id of vLLM 0.20.2's sdist as kvforge imports it. It depends only on the archive's
 # content and kvforge's fixed import identity, so it is the same on every machine.
@@ -32,7 +32,7 @@ def test_sdist_import_has_the_same_commit_id_everywhere(base_v0202, tmp_path):
     # A second import into another repository gives the same id.
     other = tmp_path / "other.git"
     other.mkdir()
-    from kvforge import gitutil
+    from kvforge.git import gitutil
 
     gitutil.run(other, "init", "--bare", "-q", ".")
     comp = parse_target(cache.root / "project-for-base" / "targets" / "t.toml", cache.root / "project-for-base").component()
@@ -44,7 +44,7 @@ def test_sdist_import_has_the_same_commit_id_everywhere(base_v0202, tmp_path):
 def test_sdist_import_records_the_upstream_commit(base_v0202):
     """vllm/_version.py of the 0.20.2 sdist says __commit_id__ = 'gbc150f502' (tag v0.20.2): the import
     commit keeps it as a trailer and the Base exposes it."""
-    from kvforge import gitutil
+    from kvforge.git import gitutil
 
     _cache, base = base_v0202
     assert base.upstream_commit == "bc150f502"
@@ -58,8 +58,8 @@ def test_older_import_without_upstream_commit_is_imported_again(tmp_path):
     import io
     import tarfile
 
-    from kvforge.bases import _git
-    from kvforge.cache import REF_IMPORT
+    from kvforge.git.bases import _git
+    from kvforge.core.cache import REF_IMPORT
 
     cache = Cache(tmp_path / "cache")
     archive = cache.downloads / "fake-9.9.9.tar.gz"
@@ -401,7 +401,7 @@ def test_truncated_pack_is_detected_and_reimported(tmp_path, base_v0202, session
 
 
 def test_corrupt_base_that_cannot_be_removed_names_the_command(tmp_path, base_v0202, session_cache, monkeypatch):
-    from kvforge import bases
+    from kvforge.git import bases
 
     _cache, base = base_v0202
     cache = Cache(fresh_cache(tmp_path / "cache", session_cache))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kvforge.bench import prefix_cache as pc
-from kvforge.cache import Cache, default_cache_dir
-from kvforge.context import Context
+from kvforge.core.cache import Cache, default_cache_dir
+from kvforge.git.context import Context
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ASCEND_SDIST = "vllm_ascend-0.20.2rc1.tar.gz"
@@ -33,8 +33,8 @@ def ascend_bench(base_v0202) -> pc.BenchResult:
     cache, _ = base_v0202  # the session's cache: vLLM 0.20.2's base is imported there once
     src = USER_DOWNLOADS / ASCEND_SDIST
     if not src.is_file():
-        from kvforge.bases import download_sdist
-        from kvforge.targets import load_target
+        from kvforge.git.bases import download_sdist
+        from kvforge.project.targets import load_target
 
         download_sdist(load_target("v0.20.2rc", REPO_ROOT).component("vllm-ascend"), Cache(default_cache_dir()), print)
     shutil.copy2(src, cache.downloads / ASCEND_SDIST)

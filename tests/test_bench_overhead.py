@@ -12,14 +12,14 @@ import pytest
 from click.testing import CliRunner
 from helpers import make_patch, write_series
 
-from kvforge import evidence
+from kvforge.core import evidence
 from kvforge.bench import overhead as ov
 from kvforge.bench.replay import overhead as cm
 from kvforge.bench.replay.ceilings import block_keys
 from kvforge.bench.replay.topologies import hit_alignment
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 from kvforge.cli import main
-from kvforge.errors import KvforgeError
+from kvforge.core.errors import KvforgeError
 
 # Resolved at import, before fixtures point $KVFORGE_CACHE at a throw-away cache.
 TEST_ENVS_DIR = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "envs")

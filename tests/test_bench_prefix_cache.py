@@ -24,7 +24,7 @@ from kvforge.bench.replay import ceilings, topologies, workloads
 from kvforge.bench.replay.invariants import Checker
 from kvforge.bench.replay.sampler import Sampler
 from kvforge.cli import main
-from kvforge.errors import KvforgeError
+from kvforge.core.errors import KvforgeError
 
 
 def req(prompt, output=(9, 9), label="r"):
@@ -659,7 +659,7 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
                             origin=origin, worktree=tmp_path / "tree", commits=["b" * 40, "c" * 40, "p" * 40],
                             in_base=lambda n: False, lock=lambda say: nullcontext())
     stack.checkout = lambda n: stack.commits[n]
-    from kvforge.evidence import Key
+    from kvforge.core.evidence import Key
 
     stack.key = Key("v0.20.1", "vllm", "b" * 40, "5e41e5d1")
     env = SimpleNamespace(key="envkey", python=Path("python"), check=lambda: None, environ=lambda: {})
@@ -668,7 +668,7 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
     docs = {"base": RESEND_BASE, "patched": RESEND_FIXED}
     monkeypatch.setattr(pc, "run_replay", lambda py, environ, tree, runs, scale, seed, out, state, say:
                         {"results": [docs[state]], "errors": []})
-    from kvforge.cache import Cache
+    from kvforge.core.cache import Cache
 
     ctx = SimpleNamespace(progress=lambda m: None, target=SimpleNamespace(name="v0.20.1"),
                           cache=Cache(tmp_path / "cache"),
@@ -679,7 +679,7 @@ def test_bench_result_names_target_base_series_and_origin(tmp_path, monkeypatch,
     doc = res.to_json()
     assert {k: doc[k] for k in want} == want
     assert doc["trees"]["base"]["commit"] == doc["base"] and doc["trees"]["patched"]["commit"] == "p" * 40
-    from kvforge import evidence
+    from kvforge.core import evidence
 
     record = evidence.read(Path(res.files[-1]))
     assert record.kind == "bench-prefix-cache" and record.origin == origin and record.key == stack.key

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from kvforge.bases import download_sdist
-from kvforge.build import download_wheel
-from kvforge.cache import Cache, default_cache_dir
-from kvforge.targets import load_target
+from kvforge.git.bases import download_sdist
+from kvforge.wheels.build import download_wheel
+from kvforge.core.cache import Cache, default_cache_dir
+from kvforge.project.targets import load_target
 
 pytestmark = pytest.mark.slow
 

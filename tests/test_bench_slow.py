@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvforge.cache import Cache, default_cache_dir
+from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +34,8 @@ def bench_v0201(tmp_path_factory) -> dict:
     cache = Cache(tmp_path_factory.mktemp("kvforge-bench-cache"))
     src = default_cache_dir() / "downloads" / "vllm-0.20.1.tar.gz"
     if not src.is_file():
-        from kvforge.bases import download_sdist
-        from kvforge.targets import load_target
+        from kvforge.git.bases import download_sdist
+        from kvforge.project.targets import load_target
 
         download_sdist(load_target("v0.20.1", REPO_ROOT).component(), Cache(default_cache_dir()), print)
     shutil.copy2(src, cache.downloads / src.name)
@@ -111,8 +111,8 @@ def test_drafters_keep_their_last_hit_block_when_patched(bench_v0201, scenario):
 @pytest.mark.slow
 def test_bench_json_names_the_evidence(bench_v0201):
     """Target, component, base, series digest and origin: what `kvforge pr` matches evidence against."""
-    from kvforge.series import load_clean_series
-    from kvforge.targets import load_target
+    from kvforge.project.series import load_clean_series
+    from kvforge.project.targets import load_target
 
     comp = load_target("v0.20.1", REPO_ROOT).component()
     series = load_clean_series(comp)

@@ -32,11 +32,11 @@ import pytest
 from click.testing import CliRunner
 from helpers import git, make_patch, write_series
 
-from kvforge import build as kbuild
-from kvforge.cache import Cache, default_cache_dir
+from kvforge.wheels import build as kbuild
+from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.cli import main
-from kvforge import wheel as kwheel
-from kvforge.wheel import (RawZipWriter, WheelError, format_record, parse_record, read_member, read_members,
+from kvforge.core import wheel as kwheel
+from kvforge.core.wheel import (RawZipWriter, WheelError, format_record, parse_record, read_member, read_members,
                            record_hash, safe_name)
 
 UTILS = "vllm/v1/core/kv_cache_utils.py"
@@ -149,8 +149,8 @@ def marker_series(project: Path, base, extra_edits: dict | None = None) -> None:
 
 def overlay_once(project, cache, out: Path):
     """The overlay half of build_target (no verification): (path, BuildResult-like info)."""
-    from kvforge.context import Context
-    from kvforge.trees import open_stack
+    from kvforge.git.context import Context
+    from kvforge.git.trees import open_stack
 
     ctx = Context.load(cache, "t")
     stack = open_stack(ctx)
@@ -413,7 +413,7 @@ def test_pip_installs_it_and_record_and_modules_check_out(overlaid):
 def test_a_downloaded_wheel_is_stamped_so_the_first_build_does_not_hash_it_again(tmp_path, monkeypatch):
     """download_pinned checks the sha256 while it downloads; the stamp it leaves lets the build's Hasher take
     the digest without reading the file; a file rewritten since (new ctime) is hashed again."""
-    from kvforge.targets import WheelPin
+    from kvforge.project.targets import WheelPin
 
     (tmp_path / "src").mkdir()
     src = make_wheel(tmp_path / "src" / WHEEL_NAME, {"vllm/a.py": b"a = 1\n"})
@@ -459,7 +459,7 @@ def test_a_wheel_whose_record_disagrees_is_refused_and_leaves_no_stage(overlaid)
         for info, data in items:
             z.writestr(info, data.replace(b"vllm/_version.py,", b"vllm/_not_there.py,") if
                        info.filename.endswith("RECORD") else data)
-    from kvforge.context import Context
+    from kvforge.git.context import Context
 
     ctx = Context.load(overlaid["cache"], "t")
     stack, changes = overlaid["stack"], overlaid["changes"]
@@ -476,7 +476,7 @@ def test_a_wheel_not_built_from_this_base_is_refused(overlaid):
     files[UTILS] = files[UTILS].replace(b"class FreeKVCacheBlockQueue:", b"class FreeKVCacheBlockQueue:  # other")
     (tmp / "other").mkdir()
     other = make_wheel(tmp / "other" / WHEEL_NAME, files)
-    from kvforge.context import Context
+    from kvforge.git.context import Context
 
     ctx = Context.load(overlaid["cache"], "t")
     stack, changes = overlaid["stack"], overlaid["changes"]
@@ -648,7 +648,7 @@ def test_build_cli_verifies_a_wheel_of_vllms_real_python(project, base_v0202, tm
         (cache.root / "envs").symlink_to(TEST_ENVS_DIR, target_is_directory=True)
     monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
     names = git(base.repo, "ls-tree", "-r", "--name-only", base.commit, "vllm").split()
-    from kvforge.build import read_blobs
+    from kvforge.wheels.build import read_blobs
 
     blobs = read_blobs(base.repo, [f"{base.commit}:{n}" for n in names if n.endswith(".py")])
     files = {k.split(":", 1)[1]: v for k, v in blobs.items()}
@@ -685,7 +685,7 @@ REAL = "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
 @pytest.mark.slow
 def test_real_release_wheel_overlay_is_reproducible_and_installs(tmp_path):
     """vLLM's 244 MB wheel (downloaded once into the user cache): two overlays, equal bytes, RECORD checks."""
-    from kvforge.targets import load_target
+    from kvforge.project.targets import load_target
 
     from conftest import REPO_ROOT
 
@@ -729,8 +729,8 @@ def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, t
     EFBIG, as a full disk gives ENOSPC): exit 5, one line naming --out, nothing left in --out."""
     import resource
 
-    from kvforge.context import Context
-    from kvforge.trees import open_stack
+    from kvforge.git.context import Context
+    from kvforge.git.trees import open_stack
 
     cache, base = base_v0202
     files = base_files(base)
@@ -789,10 +789,10 @@ def _version_wheel(path: Path, commit: str | None) -> Path:
     ("9da56fd18", None, False),  # a base of unknown commit
 ])
 def test_an_overlay_never_sits_on_a_wheel_of_another_commit(tmp_path, wheel_commit, base_commit, refused):
-    from kvforge.bases import Base
-    from kvforge.errors import KvforgeError
-    from kvforge.targets import WheelPin
-    from kvforge.wheel import read_members
+    from kvforge.git.bases import Base
+    from kvforge.core.errors import KvforgeError
+    from kvforge.project.targets import WheelPin
+    from kvforge.core.wheel import read_members
 
     wheel = _version_wheel(tmp_path / "vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl", wheel_commit)
     base = Base("vllm", "sdist", tmp_path, "v0.21.0", "0" * 40, "vllm-0.21.0.tar.gz", upstream_commit=base_commit)

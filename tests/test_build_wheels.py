@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 
 USER_DOWNLOADS = default_cache_dir() / "downloads"
 TEST_ENVS_DIR = Path(os.environ.get("KVFORGE_TEST_ENVS") or default_cache_dir() / "envs")
@@ -60,7 +60,7 @@ def test_aarch64_and_vllm_ascend_overlays_are_reproducible_and_checked(tmp_path)
     """vLLM aarch64 and vllm-ascend's four wheels, in two empty caches: equal sha256 per wheel; RECORD,
     patched files and .so files checked; the aarch64 / cp310 wheels' import not run (said so); the cp311
     x86_64 vllm-ascend wheel imported next to the patched vLLM tree."""
-    from kvforge.targets import load_target
+    from kvforge.project.targets import load_target
 
     target = load_target("v0.20.2rc", REPO_ROOT)
     ascend = [w.filename for w in target.component("vllm-ascend").wheels]

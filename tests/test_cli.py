@@ -9,7 +9,7 @@ import sys
 from click.testing import CliRunner
 
 from kvforge.cli import main
-from kvforge.errors import EXIT_CODES
+from kvforge.core.errors import EXIT_CODES
 
 
 def kvforge(*args: str):
@@ -33,7 +33,7 @@ def test_usage_errors_exit_2_and_speak_json_too(project):
 
 
 def test_a_bug_is_exit_70_with_one_line_and_a_saved_traceback(project, monkeypatch, tmp_path):
-    from kvforge import status
+    from kvforge.flow import status
 
     def boom(_targets):
         raise RuntimeError("kaboom")

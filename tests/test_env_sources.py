@@ -1,4 +1,4 @@
-"""Where a built environment's torch comes from: the source chain of kvforge/torchsource.py.
+"""Where a built environment's torch comes from: the source chain of kvforge/env/torchsource.py.
 
 Most tests here install a FAKE torch: a tiny wheel named torch-2.13.0+cpu-py3-none-any.whl whose
 only module says which source it came from. It is not PyTorch; it exercises the chain (order,
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from kvforge import env as kvenv
-from kvforge import torchsource
-from kvforge.errors import EXIT_ENV, KvforgeError
-from kvforge.fsutil import sha256_file
+from kvforge.env import venv as kvenv
+from kvforge.env import torchsource
+from kvforge.core.errors import EXIT_ENV, KvforgeError
+from kvforge.core.fsutil import sha256_file
 
 VERSION = "2.13.0"
 
@@ -264,7 +264,7 @@ def test_the_real_torch_wheel_installs_from_a_local_pep503_index(py, tmp_path):
 def test_a_whole_env_builds_with_torch_from_a_local_index_and_no_find_links(base_v0202, tmp_path, monkeypatch):
     """`kvforge env` end to end, as on a machine whose pip has no find-links: torch (the real CPU wheel)
     from --torch-index DIR, everything else from the package index; same key as from any other source."""
-    from kvforge.cache import Cache
+    from kvforge.core.cache import Cache
 
     cache, base = base_v0202
     for k in list(os.environ):

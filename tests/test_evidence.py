@@ -7,9 +7,9 @@ import json
 import pytest
 from test_verify import CLAMP_CHECKS, CLAMP_FIX, kvforge
 
-from kvforge import evidence
-from kvforge.cache import Cache
-from kvforge.errors import KvforgeError
+from kvforge.core import evidence
+from kvforge.core.cache import Cache
+from kvforge.core.errors import KvforgeError
 
 
 def test_verify_and_test_save_records_that_load_back(fake):

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from helpers import git, trailers
 
 from kvforge.cli import main
-from kvforge.engine import format_patch
-from kvforge.series import read_series
-from kvforge.seriesdir import CRASH_STEPS, Listing, exchange, listing_text, read_listing, recover
+from kvforge.git.engine import format_patch
+from kvforge.project.series import read_series
+from kvforge.project.seriesdir import CRASH_STEPS, Listing, exchange, listing_text, read_listing, recover
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL = "vllm/v1/core/block_pool.py"

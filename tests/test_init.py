@@ -1,4 +1,4 @@
-"""`kvforge init DIR`: another team's patch repository, run by the installed kvforge (kvforge/scaffold.py).
+"""`kvforge init DIR`: another team's patch repository, run by the installed kvforge (kvforge/ci/scaffold.py).
 
 Fast tests: what init writes (a git repository with one commit; CI files that pass actionlint and the
 schemas, with the generated matrix inlined and every job installing kvforge from $KVFORGE_INSTALL), its
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvforge import scaffold
+from kvforge.ci import scaffold
 from kvforge.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -209,9 +209,9 @@ def _sh(cmd: list[str], cwd: Path, env: dict, ok: bool = True, timeout: float = 
 def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
     from test_pick import SUBJECT_41282, _commit, _core_files, _git
 
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache, default_cache_dir
-    from kvforge.targets import Release, load_target
+    from kvforge.git.bases import download_sdist
+    from kvforge.core.cache import Cache, default_cache_dir
+    from kvforge.project.targets import Release, load_target
     from dataclasses import replace
 
     # kvforge from a copy of this checkout's files (no build/ or egg-info leftovers), installed as a wheel
@@ -271,7 +271,7 @@ def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
     assert (row["target"], row["verdict"]) == ("v0.20.1", "applies")
     patch = team / "patches/v0.20.1/0001-swa-admission-cap.patch"
     assert patch.is_file() and (team / "patches/v0.20.1/series").read_text().split() == [patch.name]
-    from kvforge.series import read_series
+    from kvforge.project.series import read_series
 
     (p,) = read_series(team / "patches/v0.20.1").patches
     assert p.value("Drop-When") == "version >= 0.20.2" and p.checks, p.checks

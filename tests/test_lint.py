@@ -7,7 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kvforge.cli import main
-from kvforge.series import parse_patch, read_series
+from kvforge.project.series import parse_patch, read_series
 
 GOOD_DIFF = """\
 ---
@@ -140,7 +140,7 @@ def test_lint_cli_exit_codes(project):
 
 def test_the_project_series_lint_clean():
     """The series we ship must lint clean (CI would fail the same way)."""
-    from kvforge.targets import load_all, project_root
+    from kvforge.project.targets import load_all, project_root
 
     for t in load_all(project_root()):
         for c in t.components:

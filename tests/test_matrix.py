@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import git
 
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 from kvforge.cli import main
 
 # Resolved at import, before fixtures point $KVFORGE_CACHE at a throw-away cache.
@@ -133,7 +133,7 @@ def test_jobs_are_targets_x_kinds_and_each_command_is_kvforge(proj):
     assert "tests/v1/core/test_kvforge_two_phase_kv_alloc.py" in cuda["source_files"]
     assert any(s.startswith("tests/v1/core/test_kvforge_two_phase_kv_alloc.py::") for s in cuda["selection"])
     # Runner labels are platforms.py's defaults unless --runs-on says otherwise.
-    from kvforge.platforms import PLATFORMS
+    from kvforge.project.platforms import PLATFORMS
 
     assert cuda["runs_on"] == list(PLATFORMS["cuda"].labels("github"))
     doc = matrix_json("--runs-on", "npu=linux-aarch64-a2b3-1", "--kind", "npu")
@@ -252,9 +252,9 @@ def test_vllm_format_uses_vllms_own_step_keys(proj):
     (a fork of either); the CPU step judges against the base (kvforge verify), a CI-file-only change runs it."""
     import tarfile
 
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache
-    from kvforge.targets import load_target
+    from kvforge.git.bases import download_sdist
+    from kvforge.core.cache import Cache
+    from kvforge.project.targets import load_target
 
     y = yaml()
     keys, devices = [], []
@@ -347,7 +347,7 @@ def test_npu_job_of_vllm_ascend_installs_both_patched_trees_and_is_never_run(pro
     assert sorted(jobs) == ["build-c-vllm-empty", "cpu-c-vllm", "cpu-c-vllm-ascend", "npu-c-vllm-ascend"]
     assert jobs["cpu-c-vllm-ascend"]["command"] == "kvforge verify --target c --component vllm-ascend"
     npu = jobs["npu-c-vllm-ascend"]
-    from kvforge.platforms import PLATFORMS
+    from kvforge.project.platforms import PLATFORMS
 
     assert npu["runs_on"] == ["linux-aarch64-a2b3-1"] and not npu["runs_here"]
     assert npu["container"] == PLATFORMS["npu"].container and "cann:9.0.0-910b" in npu["container"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from helpers import git
 
-from kvforge import engine
-from kvforge.pathindex import PathIndex, named_paths
+from kvforge.git import engine
+from kvforge.git.pathindex import PathIndex, named_paths
 
 
 def test_named_paths_reads_every_kind_of_header_and_refuses_quoted_names(tmp_path):

@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvforge import pick
-from kvforge.bases import download_sdist
-from kvforge.cache import Cache, default_cache_dir
+from kvforge.flow import pick
+from kvforge.git.bases import download_sdist
+from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.cli import main
-from kvforge.series import lint_directory, parse_patch, read_series
-from kvforge.targets import Release, load_target
+from kvforge.project.series import lint_directory, parse_patch, read_series
+from kvforge.project.targets import Release, load_target
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +133,7 @@ def test_offline_pr_and_bad_sources_refuse_in_one_line(tmp_path, monkeypatch):
 CRASH_SCRIPT = """
 import base64, json, sys
 from pathlib import Path
-from kvforge import pick
+from kvforge.flow import pick
 spec = json.loads(Path(sys.argv[1]).read_text())
 plan = pick.Plan({d: {n: base64.b64decode(b) for n, b in f.items()} for d, f in spec["dirs"].items()},
                  {}, spec["targets"])

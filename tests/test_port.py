@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from helpers import CORE, git
 
 from kvforge.cli import main
-from kvforge.series import read_series
+from kvforge.project.series import read_series
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,14 +31,14 @@ def kvforge(*args: str):
 def committed_project(tmp_path, monkeypatch, session_cache):
     """targets/ and patches/ as committed, in tmp_path; main's base ref is v0.33.0 (the same 0.33.0
     sdist as main's: the import is shared with the rebase tests)."""
-    from kvforge.cache import Cache, default_cache_dir
+    from kvforge.core.cache import Cache, default_cache_dir
 
     name = "vllm-0.33.0.tar.gz"
     if not (session_cache.downloads / name).is_file():
         user = Cache(default_cache_dir())
         if not (user.downloads / name).is_file():
-            from kvforge.bases import download_sdist
-            from kvforge.targets import load_target
+            from kvforge.git.bases import download_sdist
+            from kvforge.project.targets import load_target
 
             download_sdist(load_target("main", REPO_ROOT).component(), user, print)
         shutil.copy2(user.downloads / name, session_cache.downloads / name)
@@ -102,8 +102,8 @@ def test_port_refuses_what_the_target_has_or_nobody_carries(fake):
 
 
 def test_port_result_is_an_outcome():
-    from kvforge.outcome import Outcome
-    from kvforge.port import PortResult
+    from kvforge.core.outcome import Outcome
+    from kvforge.flow.port import PortResult
 
     r = PortResult("fix", "v1", "0001-fix.patch", "main", "/tmp/tree", "kvforge/main", "conflict",
                    detail="3-way merge conflict in a.py", conflicts=["a.py"])

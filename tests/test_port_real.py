@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import git
 
-from kvforge.cache import Cache, default_cache_dir
+from kvforge.core.cache import Cache, default_cache_dir
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,8 @@ def test_port_a_shipped_fix_from_v0202rc_onto_v0201_applies(session_cache, tmp_p
         if not (session_cache.downloads / name).is_file():
             user = Cache(default_cache_dir())
             if not (user.downloads / name).is_file():
-                from kvforge.bases import download_sdist
-                from kvforge.targets import load_target
+                from kvforge.git.bases import download_sdist
+                from kvforge.project.targets import load_target
 
                 download_sdist(load_target(f"v{version}" if version == "0.20.1" else "v0.20.2rc",
                                            REPO_ROOT).component(), user, print)

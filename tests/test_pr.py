@@ -24,12 +24,14 @@ import pytest
 from helpers import IDENT, git
 from test_verify import CLAMP_FIX, errline, kvforge
 
-from kvforge import evidence, pr, prpolicy
+from kvforge.core import evidence
+from kvforge.flow import pr
+from kvforge.flow import prpolicy
 from kvforge.bench.prefix_cache import aggregate, goals
-from kvforge.cache import Cache
-from kvforge.errors import KvforgeError
-from kvforge.series import read_series
-from kvforge.verify import CheckResult, PatchVerdict, VerifyReport, fail_kind
+from kvforge.core.cache import Cache
+from kvforge.core.errors import KvforgeError
+from kvforge.project.series import read_series
+from kvforge.proof.verify import CheckResult, PatchVerdict, VerifyReport, fail_kind
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPSTREAM = Path(pr.__file__).resolve().parent / "data" / "templates" / "upstream"
@@ -94,7 +96,7 @@ FACTOR_FIX = {
 
 def commit_patch(fake, name: str, edits: dict, message: str, start: str) -> str:
     """Commit `edits` on `start` with `message` (no checkout) and export it as patches/fake/<name>.patch."""
-    from kvforge.engine import format_patch
+    from kvforge.git.engine import format_patch
 
     repo = fake.upstream
     index = fake.root / f".index-{name}"
@@ -293,7 +295,7 @@ def test_golden_notes(series):
 def test_notes_name_the_built_wheels_and_the_user_facing_settings(series):
     """The wheels come from `kvforge build`'s own report (BuildResult as build writes it), for exactly
     this series and base; a report of another series is not shown."""
-    from kvforge.build import BuildResult
+    from kvforge.wheels.build import BuildResult
 
     key = key_of(series)
     res = kvforge("notes", "-t", "fake")
@@ -771,7 +773,7 @@ def test_titles_follow_each_upstreams_convention():
     assert pr.ascend_title("DeepSeek-V4: fix x", "fix", "v0.20.2rc", touched) == \
         "[v0.20.2rc][Attention][BugFix] DeepSeek-V4: fix x"
     assert pr.ascend_title("[PrefixCache] Fix x", "fix", None, touched) == "[PrefixCache][BugFix] Fix x"
-    from kvforge.targets import load_target
+    from kvforge.project.targets import load_target
 
     repo = Path(__file__).resolve().parent.parent
     t = load_target("v0.20.2rc", repo)
@@ -797,7 +799,7 @@ def test_upstream_templates_pick_the_layout_and_keep_the_checklist():
 def test_bench_scenarios_and_fixes_named_by_pr_exist():
     """The fix -> scenario table names real scenarios and fixes some target knows."""
     from kvforge.bench.replay.workloads import SCENARIOS
-    from kvforge.targets import load_all
+    from kvforge.project.targets import load_all
 
     known = set()
     for t in load_all(Path(__file__).resolve().parent.parent):
@@ -844,8 +846,8 @@ def test_every_real_v0202_fix_is_routed_and_renders_in_both_styles(project, base
 
 
 def _real_fixes_get_descriptions(project, base, monkeypatch):
-    from kvforge import gitutil
-    from kvforge.targets import project_root
+    from kvforge.git import gitutil
+    from kvforge.project.targets import project_root
 
     # kvforge's packaged copy is the sdist's own file, byte for byte.
     sdist_template = gitutil.run(base.repo, "show", f"{base.commit}:.github/PULL_REQUEST_TEMPLATE.md", binary=True)

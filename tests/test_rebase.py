@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 from helpers import CORE, FILES, git
 
-from kvforge import ledger
+from kvforge.project import ledger
 from kvforge.cli import main
-from kvforge.series import read_series
-from kvforge.seriesdir import CRASH_STEPS
+from kvforge.project.series import read_series
+from kvforge.project.seriesdir import CRASH_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIGKILLED = -9
@@ -198,7 +198,7 @@ def test_abort_at_a_conflict_and_skip_records_the_user_drop(fake):
 def test_disagreeing_signals_stop_and_are_never_dropped(fake, monkeypatch):
     """decide() says "disagree" for 0001 (whose change v2 has): the rebase stops there, shows the
     signals, and drops it only when the user says --skip; --continue carries it."""
-    from kvforge import upstream
+    from kvforge.flow import upstream
 
     fake.patch("0001-triple", {CORE: ("def clamp", "def triple(x):\n    return 3 * x\n\n\ndef clamp")},
                kind="refactor")
@@ -325,7 +325,7 @@ def test_as_new_target_leaves_the_old_one_untouched(fake):
 
 
 def test_retarget_text_keeps_comments_and_moves_release():
-    from kvforge.rebase.retarget import retarget_text
+    from kvforge.flow.rebase.retarget import retarget_text
 
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
     out = retarget_text(text, 0, ref="v0.21.0", version="0.21.0", sha256="a" * 64, wheel=None, old_version="0.20.2",
@@ -348,9 +348,9 @@ def test_retarget_text_keeps_comments_and_moves_release():
 
 def _sdist(session_cache, version: str) -> None:
     """Put the real vllm sdist into the session cache (from the user's cache; downloaded there once)."""
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache, default_cache_dir
-    from kvforge.targets import Release
+    from kvforge.git.bases import download_sdist
+    from kvforge.core.cache import Cache, default_cache_dir
+    from kvforge.project.targets import Release
 
     name = f"vllm-{version}.tar.gz"
     dst = session_cache.downloads / name
@@ -381,8 +381,8 @@ def real_project(tmp_path, monkeypatch, session_cache):
 
 
 def _patched_tree(cache, target: str) -> str:
-    from kvforge.context import Context
-    from kvforge.trees import open_stack
+    from kvforge.git.context import Context
+    from kvforge.git.trees import open_stack
 
     ctx = Context.load(cache, target, source="sdist")
     stack = open_stack(ctx)
@@ -419,8 +419,8 @@ def test_real_upstream_commits_are_all_found_upstream(real_project, session_cach
         from apply_vs_git_am import forward_series
     finally:
         sys.path.remove(str(REPO_ROOT / "bench"))
-    from kvforge.bases import ensure_base
-    from kvforge.targets import Release, load_target
+    from kvforge.git.bases import ensure_base
+    from kvforge.project.targets import Release, load_target
 
     cache, base = base_v0202
     comp = load_target("v0.20.2rc").component()
@@ -448,9 +448,9 @@ def test_real_upstream_commits_are_all_found_upstream(real_project, session_cach
 
 
 def test_results_are_outcomes():
-    from kvforge.outcome import Outcome
-    from kvforge.rebase.result import Aborted, RebaseResult
-    from kvforge.rebase.state import Step, Verdict
+    from kvforge.core.outcome import Outcome
+    from kvforge.flow.rebase.result import Aborted, RebaseResult
+    from kvforge.flow.rebase.state import Step, Verdict
 
     a = Aborted("t", "rebase of t/vllm aborted: patches/ and targets/ are as they were")
     assert isinstance(a, Outcome) and a.exit_code == 0 and a.error is None and a.render() == a.message

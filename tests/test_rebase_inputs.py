@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import CORE, FILES, git
 
-from kvforge import ledger
+from kvforge.project import ledger
 from kvforge.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ def test_a_rebase_is_refused_from_another_checkout(fake, monkeypatch, tmp_path):
 def test_a_stale_worktree_registration_is_repaired(fake, tmp_path):
     """Was: after a --repo rebase, sdist rebases were stuck (the worktree registered in two repositories).
     engine.ensure_worktree now checks the worktree leads back to the repository, and repairs it."""
-    from kvforge.engine import ensure_worktree
+    from kvforge.git.engine import ensure_worktree
 
     a, b = tmp_path / "a.git", tmp_path / "b.git"
     for repo in (a, b):
@@ -203,7 +203,7 @@ def test_onto_with_a_newline_or_non_ascii_digits_is_refused(fake, monkeypatch, o
 
 
 def test_onto_a_release_that_does_not_exist_is_exit_2(fake, monkeypatch):
-    from kvforge.rebase import onto as onto_mod
+    from kvforge.flow.rebase import onto as onto_mod
 
     monkeypatch.delenv("KVFORGE_VLLM_REPO")
     monkeypatch.delenv("KVFORGE_OFFLINE")
@@ -290,7 +290,7 @@ def test_a_ledger_of_the_wrong_types_is_one_line_exit_2(fake, text, what):
 def test_the_description_keeps_another_components_ref():
     """Was: rebasing v0.20.2rc's vllm rewrote "releases/v0.20.2rc" (vllm-ascend's ref, which stays) in the
     description."""
-    from kvforge.rebase.retarget import retarget_text
+    from kvforge.flow.rebase.retarget import retarget_text
 
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
     out = retarget_text(text, 0, ref="v0.22.0", version="0.22.0", sha256="a" * 64, wheel=None, old_version="0.20.2")

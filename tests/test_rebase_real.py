@@ -37,9 +37,9 @@ from pathlib import Path
 
 import pytest
 
-from kvforge import gitutil
-from kvforge.cache import default_cache_dir
-from kvforge.engine import AM_OPTS
+from kvforge.git import gitutil
+from kvforge.core.cache import default_cache_dir
+from kvforge.git.engine import AM_OPTS
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +51,9 @@ ONTO_0220 = Path(__file__).resolve().parent / "data" / "onto-0.22.0"  # the v0.2
 
 
 def _download(version: str) -> Path:
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache
-    from kvforge.targets import Release
+    from kvforge.git.bases import download_sdist
+    from kvforge.core.cache import Cache
+    from kvforge.project.targets import Release
 
     user = Cache(default_cache_dir())
     path = user.downloads / f"vllm-{version}.tar.gz"
@@ -238,9 +238,9 @@ FIRST_UPLOADS = {
 def build_cache(real_cache) -> Path:
     """real_cache plus the release wheels of FIRST_UPLOADS (downloaded once into the user cache, sha256-checked,
     linked here) and the user cache's test environments (shared)."""
-    from kvforge.build import download_wheel
-    from kvforge.cache import Cache
-    from kvforge.targets import Release, WheelPin
+    from kvforge.wheels.build import download_wheel
+    from kvforge.core.cache import Cache
+    from kvforge.project.targets import Release, WheelPin
 
     user = Cache(default_cache_dir())
     for version, pins in FIRST_UPLOADS.items():

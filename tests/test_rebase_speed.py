@@ -20,14 +20,16 @@ from pathlib import Path
 
 from helpers import CORE, git, make_patch
 
-from kvforge import engine, fsutil, gitutil
-from kvforge.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
-from kvforge.cache import REF_IMPORT
-from kvforge.rebase.commit import equal_pairs, same_change
-from kvforge.rebase.steps import rerere_enabled
-from kvforge.series import parse_patch
-from kvforge.targets import Component, Release
-from kvforge.upstream import NewBase, Probe, gather
+from kvforge.git import engine
+from kvforge.core import fsutil
+from kvforge.git import gitutil
+from kvforge.git.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
+from kvforge.core.cache import REF_IMPORT
+from kvforge.flow.rebase.commit import equal_pairs, same_change
+from kvforge.flow.rebase.steps import rerere_enabled
+from kvforge.project.series import parse_patch
+from kvforge.project.targets import Component, Release
+from kvforge.flow.upstream import NewBase, Probe, gather
 
 CLAMP = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
 DOUBLE = {CORE: ("return 2 * x", "return x + x")}

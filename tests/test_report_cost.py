@@ -1,4 +1,4 @@
-"""`kvforge report`: the carrying cost per fix and target (kvforge/carrying.py), its totals and its JSON."""
+"""`kvforge report`: the carrying cost per fix and target (kvforge/flow/carrying.py), its totals and its JSON."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import git, make_patch, write_series
 
-from kvforge import evidence
-from kvforge.cache import Cache
-from kvforge.carrying import classify
+from kvforge.core import evidence
+from kvforge.core.cache import Cache
+from kvforge.flow.carrying import classify
 from kvforge.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_report_rows_history_ledger_and_evidence(project, base_v0202):
     assert data["trend_row"]["project_commit"] == git(project, "rev-parse", "HEAD").strip()
 
     # a verify record of another series: stale; one of exactly this base and series: current (with its verdict)
-    from kvforge.series import read_series
+    from kvforge.project.series import read_series
     digest = read_series(pdir).digest
     evidence.save(c, evidence.Record("verify", evidence.Key("t", "vllm", base.commit, "0" * 12), ok=True,
                                      created="2026-11-23T10:00:00+00:00",

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from helpers import CORE, TESTS, git
 
 from kvforge.cli import main
-from kvforge.selection import DirSource, SdistSource, covered, imports_of, scan, series_touched, touched_modules
+from kvforge.proof.selection import DirSource, SdistSource, covered, imports_of, scan, series_touched, touched_modules
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -279,9 +279,9 @@ NOT_ON_CPU: dict[str, dict[str, str]] = {"v0.20.1": V020_NOT_ON_CPU, "v0.20.2rc"
 
 @pytest.fixture(scope="module")
 def sdists():
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache, default_cache_dir
-    from kvforge.targets import load_target
+    from kvforge.git.bases import download_sdist
+    from kvforge.core.cache import Cache, default_cache_dir
+    from kvforge.project.targets import load_target
 
     out = {}
     for name, file in TARGETS.items():
@@ -296,8 +296,8 @@ def sdists():
 def test_each_targets_cpu_selection_covers_every_module_its_series_can_break(name, sdists):
     """A module of the release that imports a file the target's series touches is in the CPU selection,
     unless it is recorded as not running on CPU (with why)."""
-    from kvforge.series import read_series
-    from kvforge.targets import load_target
+    from kvforge.project.series import read_series
+    from kvforge.project.targets import load_target
 
     comp = load_target(name, REPO_ROOT).component()
     series = read_series(comp.series_dir)
@@ -322,7 +322,7 @@ def test_each_targets_cpu_selection_covers_every_module_its_series_can_break(nam
 def private_cache(tmp_path: Path) -> Path:
     """A cache of this test's own (bases, stacks, worktrees), sharing the user cache's downloads and test
     environments (sha256-checked, keyed by content), so no other kvforge run's worktree lock is waited for."""
-    from kvforge.cache import default_cache_dir
+    from kvforge.core.cache import default_cache_dir
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -336,7 +336,7 @@ def private_cache(tmp_path: Path) -> Path:
 def test_every_selection_path_of_every_target_exists_in_its_base(tmp_path, monkeypatch):
     """Every cpu, cuda and npu selector of every target and component is a file or directory of its base
     (the real release trees: vLLM 0.20.1, 0.20.2, 0.33.0, vllm-ascend 0.20.2rc1)."""
-    from kvforge.targets import load_all
+    from kvforge.project.targets import load_all
 
     monkeypatch.setenv("KVFORGE_ROOT", str(REPO_ROOT))
     monkeypatch.delenv("KVFORGE_OFFLINE", raising=False)
@@ -372,7 +372,7 @@ def test_a_selection_path_the_base_lacks_is_a_lint_problem(project):
 
 
 def test_collect_output_is_read_per_selector():
-    from kvforge.selection import parse_collect_output
+    from kvforge.proof.selection import parse_collect_output
 
     out = """tests/v1/core/test_a.py::test_one
 tests/v1/core/test_a.py::test_two[x]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import make_patch, write_series
 
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 
 SLEEPER = '''\
 import os

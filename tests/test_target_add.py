@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvforge.cache import Cache, default_cache_dir
+from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +124,7 @@ def local_index(tmp_path, monkeypatch) -> Path:
 
 
 def test_pins_and_matching_release_from_the_index(local_index):
-    from kvforge.rebase.onto import matching_release, release_pins, release_ref
+    from kvforge.flow.rebase.onto import matching_release, release_pins, release_ref
 
     pins = release_pins("vllm", "0.21.0")
     assert pins is not None and pins.sha256 == hashlib.sha256(b"vllm-0.21.0.tar.gz").hexdigest()
@@ -140,15 +140,15 @@ def test_matching_release_is_what_the_sdists_dockerfile_builds_on(local_index, t
     """The vllm_ascend release for a vLLM version is the newest whose sdist's Dockerfile says VLLM_TAG=v<version>,
     not the one named like it: a pinned VLLM_COMMIT is not a release, a sdist without a Dockerfile says nothing.
     Each sdist is downloaded once, sha256-checked; a cached copy that is not the index's is fetched again."""
-    from kvforge import bases
-    from kvforge.rebase.onto import matching_release
-    from kvforge.targetadd import left_out_reason
+    from kvforge.git import bases
+    from kvforge.flow.rebase.onto import matching_release
+    from kvforge.flow.targetadd import left_out_reason
 
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     fetched: list[str] = []
     real = bases.download_pinned
-    monkeypatch.setattr("kvforge.rebase.onto.download_pinned",
+    monkeypatch.setattr("kvforge.flow.rebase.onto.download_pinned",
                         lambda url, dest, *a, **k: (fetched.append(dest.name), real(url, dest, *a, **k))[1])
     found, looked = matching_release("vllm_ascend", "0.21.0", downloads)
     assert found == "0.21.0rc1"  # rc2 pins a commit, rc3 has no Dockerfile, 0.22.1rc1 is built on v0.22.1
@@ -177,8 +177,8 @@ def test_render_target_round_trips_every_shipped_target():
     same target (wheels as [[components.wheels]], lifecycle)."""
     from dataclasses import replace
 
-    from kvforge.rebase.retarget import render_target
-    from kvforge.targets import load_all, parse_target
+    from kvforge.flow.rebase.retarget import render_target
+    from kvforge.project.targets import load_all, parse_target
 
     for t in load_all(REPO_ROOT):
         text = render_target(replace(t, lifecycle="maintained"), REPO_ROOT, ["a header"])
@@ -195,7 +195,7 @@ def test_render_target_round_trips_every_shipped_target():
 
 
 def test_retarget_text_replaces_every_wheel_table():
-    from kvforge.rebase.retarget import retarget_text
+    from kvforge.flow.rebase.retarget import retarget_text
 
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
     pins = [("vllm-0.21.0-1-cp38-abi3-manylinux_2_24_x86_64.whl", "b" * 64),
@@ -455,8 +455,8 @@ def test_first_target_in_a_project_without_targets(tmp_path, monkeypatch, real_c
 def test_an_in_place_rebase_comments_out_the_selectors_the_new_release_lacks(tmp_path):
     """vLLM 0.22.0 has no tests/v1/kv_connector/unit/test_backwards_compatibility.py: the rebased v0.20.2rc keeps
     it as a comment saying why (verify of the rebased target would stop on it), vllm-ascend's list is untouched."""
-    from kvforge.rebase.retarget import comment_out_selectors
-    from kvforge.targets import parse_target
+    from kvforge.flow.rebase.retarget import comment_out_selectors
+    from kvforge.project.targets import parse_target
 
     gone = "tests/v1/kv_connector/unit/test_backwards_compatibility.py"
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()

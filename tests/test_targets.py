@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvforge.cli import main
-from kvforge.errors import EXIT_USAGE, KvforgeError
-from kvforge.targets import load_target, parse_target, project_root
+from kvforge.core.errors import EXIT_USAGE, KvforgeError
+from kvforge.project.targets import load_target, parse_target, project_root
 
 from conftest import TARGET_TOML, V0202_SHA256
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import CORE, git, make_patch
 
-from kvforge.series import parse_patch
-from kvforge.upstream import (NewBase, Signal, checks_signal, decide, evaluate_drop_when, gather, judge_checks,
+from kvforge.project.series import parse_patch
+from kvforge.flow.upstream import (NewBase, Signal, checks_signal, decide, evaluate_drop_when, gather, judge_checks,
                               new_base_info, patch_id_signal, reverse_apply_signal, upstream_commit_signal)
 
 FIX = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
@@ -171,9 +171,9 @@ def test_drop_when(fake):
 
 
 def test_new_base_info(fake, base_v0202):
-    from kvforge.bases import ensure_base
-    from kvforge.cache import Cache
-    from kvforge.targets import load_target, parse_target
+    from kvforge.git.bases import ensure_base
+    from kvforge.core.cache import Cache
+    from kvforge.project.targets import load_target, parse_target
 
     comp = load_target("fake").component()
     base = ensure_base(comp, Cache(fake.cache))  # $KVFORGE_VLLM_REPO: a shallow git fetch of v1
@@ -198,8 +198,8 @@ def test_judge_checks_classifies_failures():
 
 
 def _ctx(fake):
-    from kvforge.cache import Cache
-    from kvforge.context import Context
+    from kvforge.core.cache import Cache
+    from kvforge.git.context import Context
 
     return Context.load(Cache(fake.cache), "fake")
 

@@ -127,8 +127,8 @@ def test_empty_series_has_nothing_to_prove(fake):
 
 
 def test_fix_without_checks_is_unproven():
-    from kvforge.testrun import RunResult
-    from kvforge.verify import judge
+    from kvforge.proof.testrun import RunResult
+    from kvforge.proof.verify import judge
 
     class P:
         name, fix_id, kind, checks = "0001-x.patch", "x", "fix", []
@@ -153,7 +153,7 @@ def test_test_writes_junit_with_properties_on_every_testcase(fake):
         assert props["base"] == fake.base and props["series"] == data["series"]
         assert props["nodeid"].startswith("tests/")
     # ...and kvforge's own parser reads the same file back.
-    from kvforge.testrun import parse_junit
+    from kvforge.proof.testrun import parse_junit
 
     parsed, suite = parse_junit(Path(data["run"]["junit"]))
     assert {c.outcome for c in parsed} == {"passed"} and suite["series"] == [data["series"]]
@@ -221,9 +221,9 @@ def test_patch_that_does_not_apply_is_a_clear_error(fake):
 
 
 def test_stack_reuses_one_worktree_and_records_each_patch(fake):
-    from kvforge.cache import Cache
-    from kvforge.context import Context
-    from kvforge.trees import open_stack
+    from kvforge.core.cache import Cache
+    from kvforge.git.context import Context
+    from kvforge.git.trees import open_stack
 
     c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
     fake.patch("0002-double-doc", {CORE: ("def double(x):", "def double(x):  # twice")}, kind="refactor", start=c1)
@@ -327,7 +327,7 @@ def test_a_behavioural_fail_before_is_named_in_the_report(fake):
 
 
 def test_fail_kinds():
-    from kvforge.verify import fail_kind
+    from kvforge.proof.verify import fail_kind
 
     assert fail_kind("failed", "AssertionError: assert [3, 4] == [1, 2]") == "behaviour"
     assert fail_kind("error", "collection error: ImportError: cannot import name 'x' from 'vllm'") == "absent-api"
@@ -389,7 +389,7 @@ def test_the_before_run_of_a_patch_changing_a_test_module_is_its_own(fake):
 
 
 def test_test_side_files():
-    from kvforge.verify import test_side
+    from kvforge.proof.verify import test_side
 
     assert test_side("tests/v1/core/utils.py") and test_side("tests/conftest.py")
     assert test_side("vllm_ascend/tests/test_x.py") and test_side("pkg/conftest.py")
@@ -400,11 +400,11 @@ def test_prove_only_some_patches_holds_the_others_to_pass_to_pass_and_records_no
     """verify_target(prove=[1]) (what `kvforge pick --verify --after` asks for a patch in the middle): patch 1
     is proven at its place; patch 2 is not re-proven (pass-to-pass: its Checks pass on the patched tree);
     no verify record is saved, so the series' own evidence is never shadowed by a partial run."""
-    from kvforge.cache import Cache
-    from kvforge.context import Context
-    from kvforge.evidence import latest
-    from kvforge.trees import open_stack
-    from kvforge.verify import verify_target
+    from kvforge.core.cache import Cache
+    from kvforge.git.context import Context
+    from kvforge.core.evidence import latest
+    from kvforge.git.trees import open_stack
+    from kvforge.proof.verify import verify_target
 
     c1 = fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
     fake.patch("0002-double-negative", {CORE: ("    return 2 * x", "    return 2 * max(x, 0)"),

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kvforge import env as kvenv
-from kvforge import torchsource, userenv
-from kvforge.cache import Cache
-from kvforge.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
+from kvforge.env import venv as kvenv
+from kvforge.env import torchsource
+from kvforge.env import userenv
+from kvforge.core.cache import Cache
+from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,8 +121,8 @@ def test_find_links_source_takes_a_local_cpu_wheel_for_this_python(tmp_path, mon
 
 def test_the_env_modules_import_as_a_dag():
     """torchsource imports neither env nor userenv; userenv never imports env at module level."""
-    code = ("import sys, kvforge.torchsource as t; assert 'kvforge.userenv' not in sys.modules, 1\n"
-            "import kvforge.userenv; assert 'kvforge.env' not in sys.modules, 2")
+    code = ("import sys, kvforge.torchsource as t; assert 'kvforge.env.userenv' not in sys.modules, 1\n"
+            "import kvforge.userenv; assert 'kvforge.env.venv' not in sys.modules, 2")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
@@ -261,7 +262,7 @@ def test_a_non_cpu_platform_needs_the_users_python(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- platforms as data
 
 def test_platforms_are_data_with_their_environment_and_labels():
-    from kvforge import platforms
+    from kvforge.project import platforms
 
     cpu, cuda, npu = platforms.get("cpu"), platforms.get("cuda"), platforms.get("npu")
     assert cpu.available(None) == (True, "any CPU") and cpu.cpu_plugin and not cpu.needs_python
@@ -275,8 +276,8 @@ def test_platforms_are_data_with_their_environment_and_labels():
 
 
 def test_hardware_command_is_what_a_runner_runs():
-    from kvforge import runner
-    from kvforge.targets import Component, Release, Target
+    from kvforge.ci import runner
+    from kvforge.project.targets import Component, Release, Target
 
     comp = Component("vllm", "https://github.com/vllm-project/vllm.git", "v0.20.1", Release("vllm", "0.20.1"),
                      Path("patches/v0.20.1"), ("cpu", "cuda"), {"cuda": ("tests/v1/core",)})
@@ -316,7 +317,7 @@ def fake_gpu_python(tmp_path: Path, cuda: str | None, available: bool) -> Path:
     ("12.8", True, True, "sees 1 CUDA device(s): Fake GPU"),
 ])
 def test_cuda_is_available_only_when_the_interpreters_torch_sees_a_gpu(tmp_path, cuda, available, ok, says):
-    from kvforge import platforms
+    from kvforge.project import platforms
 
     python = fake_gpu_python(tmp_path, cuda, available)
     got, why = platforms.get("cuda").available(python)
@@ -346,9 +347,9 @@ def test_verify_v0_20_1_with_the_users_python_builds_no_env_and_leaves_it_unchan
     """
     from click.testing import CliRunner
 
-    from kvforge.cache import default_cache_dir
+    from kvforge.core.cache import default_cache_dir
     from kvforge.cli import main
-    from kvforge.context import Context
+    from kvforge.git.context import Context
 
     user_cache = default_cache_dir()  # resolved before KVFORGE_CACHE points anywhere else
     shared_envs = Path(os.environ.get("KVFORGE_TEST_ENVS") or user_cache / "envs")
@@ -367,7 +368,7 @@ def test_verify_v0_20_1_with_the_users_python_builds_no_env_and_leaves_it_unchan
     sdist = user_cache / "downloads" / "vllm-0.20.1.tar.gz"
     ctx = Context.load(cache, "v0.20.1", progress=print)
     if not sdist.is_file():
-        from kvforge.bases import download_sdist
+        from kvforge.git.bases import download_sdist
 
         download_sdist(ctx.component, Cache(user_cache), print)
     shutil.copy2(sdist, cache.downloads / sdist.name)

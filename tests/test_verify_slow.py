@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import make_patch, write_series
 
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 from kvforge.cli import main
 
 UTILS = "vllm/v1/core/kv_cache_utils.py"

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from conftest import REPO_ROOT
 
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 from kvforge.cli import main
 
 INDEX = json.loads((REPO_ROOT / "tests" / "data" / "pypi_watch_index.json").read_text())
@@ -115,8 +115,8 @@ def test_index_releases_and_what_is_new(monkeypatch):
     a package the index lacks has no releases."""
     from types import SimpleNamespace
 
-    from kvforge import watch as w
-    from kvforge.targets import Release
+    from kvforge.flow import watch as w
+    from kvforge.project.targets import Release
 
     index = {"vllm": {"releases": {"0.22.0": release("0.22.0"), "0.20.2": release("0.20.2"),
                                    "0.21.0": release("0.21.0"), "0.21.1": release("0.21.1", yanked=True),
@@ -226,9 +226,9 @@ REAL = ("vllm-0.20.2.tar.gz", "vllm-0.21.0.tar.gz", "vllm-0.22.0.tar.gz", "vllm-
 @pytest.fixture(scope="module")
 def real_files(tmp_path_factory) -> Path:
     """The real sdists (downloaded once into the user cache, checked against PyPI's sha256 in the index data)."""
-    from kvforge.bases import download_sdist
-    from kvforge.cache import Cache
-    from kvforge.targets import Release
+    from kvforge.git.bases import download_sdist
+    from kvforge.core.cache import Cache
+    from kvforge.project.targets import Release
 
     user = Cache(default_cache_dir())
     for name in REAL:

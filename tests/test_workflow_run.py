@@ -27,7 +27,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-from kvforge.cache import default_cache_dir
+from kvforge.core.cache import default_cache_dir
 
 WORKFLOW = REPO_ROOT / "ci" / "github" / "kvforge.yml"
 SHARED = default_cache_dir()

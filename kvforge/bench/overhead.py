@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .prepare import prepare
-from .replay import overhead as cases_mod
-from .. import evidence, gitutil
-from ..errors import EXIT_ENV, EXIT_USAGE, KvforgeError
-from ..fsutil import remove_stale
-from ..report import table
+from kvforge.bench.prepare import prepare
+from kvforge.bench.replay import overhead as cases_mod
+from kvforge.core import evidence
+from kvforge.git import gitutil
+from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
+from kvforge.core.fsutil import remove_stale
+from kvforge.core.render import table
 
 Progress = Callable[[str], None]
 REPLAY = Path(__file__).resolve().with_name("replay")

@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import DEFAULT_SCALE
-from .prepare import prepare
-from .replay import workloads
-from .. import evidence
-from ..env import target_env
-from ..errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from ..report import table
-from ..targets import STANDINS_DIR
-from ..trees import open_stack
+from kvforge.bench import DEFAULT_SCALE
+from kvforge.bench.prepare import prepare
+from kvforge.bench.replay import workloads
+from kvforge.core import evidence
+from kvforge.env.venv import target_env
+from kvforge.core.errors import EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from kvforge.core.render import table
+from kvforge.project.targets import STANDINS_DIR
+from kvforge.git.trees import open_stack
 
 Progress = Callable[[str], None]
 REPLAY = Path(__file__).resolve().with_name("replay")  # run as `python REPLAY`: see replay/__main__.py

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import evidence
-from ..env import Env, target_env
-from ..trees import Stack, open_stack
+from kvforge.core import evidence
+from kvforge.env.venv import Env, target_env
+from kvforge.git.trees import Stack, open_stack
 
 
 @dataclass

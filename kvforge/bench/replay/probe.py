@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from .invariants import MAX_EXAMPLES
+from kvforge.bench.replay.invariants import MAX_EXAMPLES
 
 
 class ExternalProbe:

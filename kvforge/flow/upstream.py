@@ -1,0 +1,518 @@
+"""Is a carried fix already upstream? The signals a rebase weighs for each patch, and the decision.
+
+Each signal looks at the new base (a `NewBase`) and one patch and says: True (evidence the base has
+the fix), False (evidence it does not) or None (cannot tell here), whether that alone is trusted
+(`strong`), and one line of detail for the report:
+
+- reverse-apply: the patch's non-test hunks apply in reverse to the new base (`git apply -R
+  --check`, as `stg rebase --merged`): the fixed code is there verbatim. Strong. Applying forward
+  but not in reverse is weak evidence against (the old code is still there); neither is None.
+- patch-id: with history, `git cherry`: a commit between the old and the new base has the patch's
+  `git patch-id --stable`. Strong when equal; a squash merge or context drift defeats it, so no
+  match is no evidence (None).
+- upstream-commit: the recorded `Upstream-Commit`s are ancestors of the new base. Needs history
+  (a git base with its history); an sdist base only knows the one upstream commit it was built
+  from (vllm/_version.py `__commit_id__`, kept by kvforge.bases), which answers only when equal.
+  A commit that is not an ancestor is weak evidence against (release branches cherry-pick).
+- drop-when: the patch's own `Drop-When` condition (evaluate_drop_when).
+- checks: the patch's Checks run on the new base with only the patch's test files added (no fix):
+  all pass is strong evidence for, a behavioural failure strong evidence against; a test that
+  cannot run there (import error, changed signature: API drift) tells nothing.
+
+decide() turns them into upstream | carried | disagree. A false "upstream" (dropping a fix the base
+lacks) is the worst outcome, so: "upstream" needs a strong signal for it and none against, two
+strong ones and only weak ones against, or two weak ones and none against; strong signals on both
+sides, or one strong for and a weak one against, are "disagree" (the rebase stops and shows them);
+anything else is "carried". This module reads the base repository and writes only temporary files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from packaging.version import InvalidVersion, Version
+
+from kvforge.git import gitutil
+from kvforge.git.bases import Base
+from kvforge.env.venv import target_env
+from kvforge.core.errors import KvforgeError
+from kvforge.core.fsutil import remove_stale
+from kvforge.git.pathindex import PathIndex
+from kvforge.project.series import Patch
+from kvforge.proof.testrun import run_pytest
+from kvforge.proof.verify import fail_kind
+
+NAMES = ("reverse-apply", "patch-id", "upstream-commit", "drop-when", "checks")
+VERDICTS = ("upstream", "carried", "disagree")
+HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str  # "reverse-apply" | "patch-id" | "upstream-commit" | "drop-when" | "checks"
+    fired: bool | None  # True: evidence upstream has the fix; False: evidence it does not; None: cannot tell
+    strong: bool  # whether this signal alone is trusted enough to count
+    detail: str  # one line for the report
+
+
+@dataclass(frozen=True)
+class NewBase:
+    """The base a series moves onto, as the signals see it."""
+
+    repo: Path  # bare repository holding `commit`
+    commit: str
+    version: str | None  # the release version (sdist), or from a vX.Y.Z ref; None for a branch
+    upstream_commit: str | None  # the upstream commit it is (git) or was built from (sdist, abbreviated)
+    has_history: bool  # `repo` holds upstream's history up to `commit` (not a shallow fetch, not an import)
+
+
+def _git(repo: Path, *args: str, check: bool = False, **kw) -> gitutil.Result:
+    return gitutil.run(repo.parent, *args, check=check, env={"GIT_DIR": str(repo), **kw.pop("env", {})}, **kw)
+
+
+def new_base_info(base: "Base", component) -> NewBase:
+    """What the signals need to know about `base` (kvforge.bases.Base) of `component`."""
+    if base.source == "sdist":
+        version: str | None = component.release.version
+        history = False
+    else:
+        m = re.match(r"^v?(\d+\.\d+(?:\.\d+)?\S*)$", base.ref)
+        version = m.group(1) if m else None
+        history = _git(base.repo, "rev-parse", "--is-shallow-repository").stdout.strip() == "false"
+    return NewBase(Path(base.repo), base.commit, version, getattr(base, "upstream_commit", None), history)
+
+
+def same_commit(a: str | None, b: str | None) -> bool:
+    """Two commit ids, either abbreviated, name the same commit (the shorter is a prefix, >= 7 digits)."""
+    if not a or not b or not HEX.match(a.lower()) or not HEX.match(b.lower()):
+        return False
+    a, b = a.lower(), b.lower()
+    return a.startswith(b) if len(a) >= len(b) else b.startswith(a)
+
+
+# ---------------------------------------------------------------- the signals
+
+def gather(nb: NewBase, patch: "Patch", patch_commit: str | None, *,
+           checks: "Callable[[], Signal] | None" = None, probe: "Probe | None" = None) -> list[Signal]:
+    """Every signal for `patch` on `nb`, in NAMES order. `patch_commit` is the patch's commit on the
+    old base (in nb.repo) for patch-id; `checks` runs the behavioural signal (it costs a pytest run);
+    `probe` (a Probe of nb) shares its reads of the base with the other patches of the series."""
+    out = [reverse_apply_signal(nb, patch, probe), patch_id_signal(nb, patch_commit, probe),
+           upstream_commit_signal(nb, patch.values("Upstream-Commit"), probe)]
+    expr = patch.value("Drop-When")
+    out.append(evaluate_drop_when(expr, nb, probe) if expr else Signal("drop-when", None, False, "no Drop-When"))
+    out.append(checks() if checks is not None else Signal("checks", None, False, "not run"))
+    return out
+
+
+class Probe:
+    """One new base's reads, shared by the signals of every patch of a series (a rebase plans them all
+    against one base): the base's entries for the paths the series names are read once (pathindex.PathIndex;
+    the whole index, `git read-tree`, for a patch it cannot answer for) instead of once per check, the
+    reverse- and forward-apply checks of all the series' patches run as parallel processes in two waves
+    (forward only for the patches whose reverse check failed), the series' patch-ids come from one `git
+    cherry` over the whole stack, and which commits the repository holds from one `git cat-file
+    --batch-check`. Invariant: every answer is the one the same read made alone gives (a check against
+    the same index, the same git command); what a batch cannot answer exactly is asked alone.
+    Writes only its temporary directory, removed by close()."""
+
+    def __init__(self, nb: NewBase, patches: "Sequence[Patch]" = (), commits: "Sequence[str | None]" = ()):
+        self.nb = nb
+        self._tmp: Path | None = None
+        self._index: Path | None = None  # the base's whole index, for a check the small one cannot answer
+        self._small: PathIndex | None = None
+        self._answers: set[str] = set()  # sha256 of the patches self._small answers for
+        self._files: dict[str, Path] = {}  # patch sha256 -> its bytes in the temporary directory
+        self._checks: dict[tuple[str, bool], tuple[bool, str]] = {}
+        self._exists: dict[str, bool] = {}
+        self._cherry: dict[str, str] = {}  # commit -> its `git cherry` line, from the one run over the stack
+        self._patches = list(patches)
+        self._commits = [c for c in commits if c]
+        self._prefetched = False
+        self._cherry_tried = False
+
+    def __enter__(self) -> "Probe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+            self._index = self._small = None
+            self._files.clear()
+
+    def _dir(self) -> Path:
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="kvforge-probe-"))
+        return self._tmp
+
+    def _env(self, patch: "Patch") -> dict[str, str]:
+        """The git environment of a check of `patch`: a PathIndex of the paths the series names when it answers
+        for this patch (built once, for the series given), else the base's whole index (`git read-tree`, once)."""
+        if self._small is None and self._patches:
+            self._small = PathIndex(self.nb.repo, self.nb.commit, [p.raw for p in self._patches],
+                                    self._dir() / "paths-index")
+            self._answers = {p.sha256 for p, ok in zip(self._patches, self._small.usable) if ok}
+        if self._small is not None and patch.sha256 in self._answers:
+            return self._small.env
+        if self._index is None:
+            index = self._dir() / "index"
+            _git(self.nb.repo, "read-tree", self.nb.commit, check=True,
+                 env={"GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": str(self._dir())})
+            self._index = index
+        return {"GIT_INDEX_FILE": str(self._index), "GIT_WORK_TREE": str(self._dir()), "GIT_DIR": str(self.nb.repo)}
+
+    def _patch_file(self, patch: "Patch") -> Path:
+        key = patch.sha256
+        if key not in self._files:
+            path = self._dir() / f"{len(self._files)}.patch"
+            path.write_bytes(patch.raw)
+            self._files[key] = path
+        return self._files[key]
+
+    # ------------------------------------------------------------ apply checks
+
+    def apply_check(self, patch: "Patch", paths: list[str], reverse: bool) -> tuple[bool, str]:
+        """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (see _apply_check)."""
+        self._prefetch()
+        key = (patch.sha256 + "\0" + "\0".join(paths), reverse)
+        if key not in self._checks:
+            self._run_checks([(patch, paths, reverse)])
+        return self._checks[key]
+
+    def _run_checks(self, todo: "list[tuple[Patch, list[str], bool]]") -> None:
+        groups: dict[str, tuple[dict[str, str], list[tuple[Patch, list[str], bool]]]] = {}
+        for item in todo:
+            env = self._env(item[0])
+            groups.setdefault(env["GIT_INDEX_FILE"], (env, []))[1].append(item)
+        for env, items in groups.values():
+            calls = [["apply", "--cached", "--check", *(["-R"] if reverse else []),
+                      *[f"--include={p}" for p in paths], str(self._patch_file(patch))] for patch, paths, reverse in items]
+            for (patch, paths, reverse), res in zip(items, gitutil.run_many(self.nb.repo.parent, calls, env=env)):
+                last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+                self._checks[(patch.sha256 + "\0" + "\0".join(paths), reverse)] = (res.returncode == 0, last)
+
+    def _prefetch(self) -> None:
+        """Every reverse check of the series at once, then the forward checks of those that failed."""
+        if self._prefetched:
+            return
+        self._prefetched = True
+        todo = [(p, code, True) for p in self._patches if (code := code_paths(p))]
+        if not todo:
+            return
+        self._run_checks(todo)
+        self._run_checks([(p, code, False) for p, code, _ in todo
+                          if not self._checks[(p.sha256 + "\0" + "\0".join(code), True)][0]])
+
+    # ------------------------------------------------------------ commits
+
+    def exists(self, commit: str) -> bool:
+        """`git cat-file -e <commit>^{commit}` succeeds; the series' commits are asked in one batch."""
+        if commit not in self._exists:
+            ask = [c for c in dict.fromkeys([*self._commits, commit]) if c not in self._exists]
+            res = _git(self.nb.repo, "cat-file", "--batch-check=%(objecttype)",
+                       stdin="".join(f"{c}^{{commit}}\n" for c in ask))
+            answers = res.stdout.split("\n") if res.returncode == 0 else []
+            if len(answers) == len(ask) and all(a == "commit" or a.endswith(" missing") for a in answers):
+                self._exists.update({c: a == "commit" for c, a in zip(ask, answers)})
+            else:  # an answer the batch cannot give exactly: ask alone
+                self._exists[commit] = _git(self.nb.repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+        return self._exists[commit]
+
+    def cherry(self, commit: str) -> str | None:
+        """The line `git cherry nb.commit <commit> <commit>^` prints for <commit> (None: not known from the one
+        run over the stack, ask alone). One `git cherry nb.commit <tip> <first>^` answers for every commit of a
+        linear stack whose first commit is not in the base: then `nb.commit ^<commit>` and `nb.commit ^<tip>`
+        are the same set of upstream commits, so each commit gets the mark it gets alone."""
+        if not self._cherry_tried and len(self._commits) > 1:
+            self._cherry_tried = True
+            self._cherry_stack()
+        return self._cherry.get(commit)
+
+    def _cherry_stack(self) -> None:
+        chain = self._commits
+        if not all(self.exists(c) for c in chain):
+            return
+        first, tip = chain[0], chain[-1]
+        listed = _git(self.nb.repo, "rev-list", "--reverse", f"{first}^..{tip}")
+        if listed.returncode != 0 or listed.stdout.split() != chain:
+            return  # not one linear stack
+        if _git(self.nb.repo, "merge-base", "--is-ancestor", first, self.nb.commit).returncode == 0:
+            return  # the base holds the stack: per commit, the later ones count as upstream
+        res = _git(self.nb.repo, "cherry", self.nb.commit, tip, f"{first}^")
+        if res.returncode != 0:
+            return
+        lines = {ln[2:]: ln for ln in res.stdout.splitlines() if len(ln) > 2}
+        if set(lines) == set(chain):
+            self._cherry.update(lines)
+
+
+def is_test_path(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return path.startswith("tests/") or "/tests/" in path or name.startswith("test_") or name == "conftest.py"
+
+
+def code_paths(patch: "Patch") -> list[str]:
+    """The paths the patch changes that are not tests: the fix itself, what reverse-apply checks."""
+    return [p for p in patch.touched_paths if not is_test_path(p)]
+
+
+def _apply_check(nb: NewBase, patch: "Patch", paths: list[str], reverse: bool,
+                 probe: "Probe | None" = None) -> tuple[bool, str]:
+    """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (its index, in a temporary
+    file; read once for a whole series with a `probe`)."""
+    if probe is not None:
+        return probe.apply_check(patch, paths, reverse)
+    with Probe(nb) as alone:
+        return alone.apply_check(patch, paths, reverse)
+
+
+def reverse_apply_signal(nb: NewBase, patch: "Patch", probe: "Probe | None" = None) -> Signal:
+    code = code_paths(patch)
+    if not code:
+        return Signal("reverse-apply", None, False, "the patch changes only tests")
+    what = f"{len(code)} non-test file{'s' if len(code) > 1 else ''}"
+    back, why_back = _apply_check(nb, patch, code, reverse=True, probe=probe)
+    if back:
+        return Signal("reverse-apply", True, True, f"the fix's hunks ({what}) apply in reverse: the base has them")
+    forward, _ = _apply_check(nb, patch, code, reverse=False, probe=probe)
+    if forward:
+        return Signal("reverse-apply", False, False, f"the fix's hunks ({what}) still apply forward, not in reverse")
+    return Signal("reverse-apply", None, False, f"applies neither way (the code changed: {why_back})")
+
+
+def _commit_exists(nb: NewBase, commit: str, probe: "Probe | None") -> bool:
+    if probe is not None:
+        return probe.exists(commit)
+    return _git(nb.repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+
+
+def patch_id_signal(nb: NewBase, patch_commit: str | None, probe: "Probe | None" = None) -> Signal:
+    if not nb.has_history:
+        return Signal("patch-id", None, False, "no upstream history in this base (an sdist import or a shallow fetch)")
+    if not patch_commit or not _commit_exists(nb, patch_commit, probe):
+        return Signal("patch-id", None, False, "the patch's commit is not in the base repository")
+    line = probe.cherry(patch_commit) if probe is not None else None
+    if line is None:
+        res = _git(nb.repo, "cherry", nb.commit, patch_commit, f"{patch_commit}^")
+        line = next((ln for ln in res.stdout.splitlines() if ln[2:].startswith(patch_commit[:12])), None)
+        if res.returncode != 0:
+            line = None
+    if line is None:
+        return Signal("patch-id", None, False, "git cherry could not compare it")
+    if line.startswith("-"):
+        return Signal("patch-id", True, True, "a commit since the old base has the same git patch-id --stable")
+    return Signal("patch-id", None, False, "no commit since the old base has its patch-id (not evidence: a squash "
+                                           "merge or context drift changes it)")
+
+
+def upstream_commit_signal(nb: NewBase, commits: list[str], probe: "Probe | None" = None) -> Signal:
+    if not commits:
+        return Signal("upstream-commit", None, False, "no Upstream-Commit recorded")
+    if any(same_commit(c, nb.upstream_commit) for c in commits) and len(commits) == 1:
+        return Signal("upstream-commit", True, True, f"the base is upstream commit {commits[0]}")
+    if not nb.has_history:
+        built = f" (built from {nb.upstream_commit})" if nb.upstream_commit else ""
+        return Signal("upstream-commit", None, False,
+                      f"no history{built}: cannot tell whether {', '.join(commits)} "
+                      f"{'is an ancestor' if len(commits) == 1 else 'are ancestors'}")
+    known, inside = [], []
+    for c in commits:
+        if _commit_exists(nb, c, probe):
+            known.append(c)
+            if _git(nb.repo, "merge-base", "--is-ancestor", c, nb.commit).returncode == 0:
+                inside.append(c)
+    if len(known) < len(commits):
+        missing = [c for c in commits if c not in known]
+        return Signal("upstream-commit", None, False, f"{', '.join(missing)} not in the base's history")
+    if len(inside) == len(commits):
+        verb = "is an ancestor" if len(commits) == 1 else "are ancestors"
+        return Signal("upstream-commit", True, True, f"{', '.join(commits)} {verb} of the base")
+    outside = [c for c in commits if c not in inside]
+    return Signal("upstream-commit", False, False,
+                  f"{', '.join(outside)} not an ancestor of the base (a cherry-pick would have another id)")
+
+
+_VERSION = re.compile(r"^version >= (\S+)$")
+
+
+def evaluate_drop_when(expr: str, nb: NewBase, probe: "Probe | None" = None) -> Signal:
+    """A patch's `Drop-When` against the new base: `version >= X` (the base's release version),
+    `base-contains C` (history, or the base's own recorded upstream commit), `upstream-pr-merged URL`
+    (needs the network: None), `never` (no condition: None)."""
+    expr = (expr or "").strip()
+    m = _VERSION.match(expr)
+    if m:
+        if not nb.version:
+            return Signal("drop-when", None, False, f"{expr}: the base has no release version")
+        try:
+            reached = Version(nb.version) >= Version(m.group(1))
+        except InvalidVersion as exc:
+            return Signal("drop-when", None, False, f"{expr}: {exc}")
+        if reached:
+            return Signal("drop-when", True, True, f"{expr}: the base is {nb.version}")
+        return Signal("drop-when", False, False, f"{expr}: the base is {nb.version}")
+    if expr.startswith("base-contains "):
+        c = expr.split(None, 1)[1]
+        if same_commit(c, nb.upstream_commit):
+            return Signal("drop-when", True, True, f"{expr}: the base is that commit")
+        if not nb.has_history:
+            built = f" (built from {nb.upstream_commit})" if nb.upstream_commit else ""
+            return Signal("drop-when", None, False, f"{expr}: no history in this base{built} to look for it")
+        if not _commit_exists(nb, c, probe):
+            return Signal("drop-when", None, False, f"{expr}: {c} is not in the base's history")
+        if _git(nb.repo, "merge-base", "--is-ancestor", c, nb.commit).returncode == 0:
+            return Signal("drop-when", True, True, f"{expr}: it is an ancestor of the base")
+        return Signal("drop-when", False, False, f"{expr}: not an ancestor of the base")
+    if expr.startswith("upstream-pr-merged "):
+        return Signal("drop-when", None, False, f"{expr}: cannot tell offline whether the PR is merged")
+    if expr == "never" or expr.startswith("never "):
+        return Signal("drop-when", None, False, f"{expr}: no condition to evaluate")
+    return Signal("drop-when", None, False, f"{expr!r}: not a Drop-When condition")
+
+
+# ---------------------------------------------------------------- checks: the behavioural signal
+
+# A failure that shows only that the test's API is not in this tree (verify.ABSENT_API), or that it
+# changed: a call with another signature. Neither says anything about the fix.
+API_DRIFT = re.compile(
+    r"missing \d+ required (positional|keyword-only) arguments?|takes (from )?\d+ (to \d+ )?positional "
+    r"arguments? but \d+ (was|were) given|got an unexpected keyword argument|got multiple values for argument"
+    r"|object is not subscriptable|object is not iterable|cannot unpack non-iterable")
+
+
+def failure_kind(outcome: str, message: str) -> str | None:
+    """passed -> None; behaviour (evidence about the fix) | api (cannot run here) | absent."""
+    kind = fail_kind(outcome, message)
+    if kind is None:
+        return None
+    if kind == "absent-test":
+        return "absent"
+    if kind == "absent-api" or message.startswith("collection error") or API_DRIFT.search(message):
+        return "api"
+    return "behaviour"
+
+
+def judge_checks(outcomes: dict[str, tuple[str, str]]) -> Signal:
+    """The checks signal from node -> (outcome, message) on the new base without the fix."""
+    if not outcomes:
+        return Signal("checks", None, False, "the patch has no Checks")
+    kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in outcomes.items()}
+    passed = [n for n, (o, _, _) in kinds.items() if o == "passed"]
+    behaviour = [n for n, (_, k, _) in kinds.items() if k == "behaviour"]
+    unknown = [n for n in kinds if n not in passed and n not in behaviour]
+    total = len(kinds)
+
+    def short(n: str) -> str:
+        return n.split("::")[-1]
+
+    if behaviour:
+        first = behaviour[0]
+        return Signal("checks", False, True, f"{len(behaviour)} of {total} fail without the fix "
+                                             f"({short(first)}: {kinds[first][2][:120]})")
+    if passed and not unknown:
+        return Signal("checks", True, True, f"all {total} pass on the new base without the fix")
+    if passed:
+        return Signal("checks", True, False, f"{len(passed)} of {total} pass without the fix; "
+                                             f"{len(unknown)} cannot run here")
+    first = unknown[0]
+    return Signal("checks", None, False, f"none of {total} can run on the new base "
+                                         f"({short(first)}: {kinds[first][2][:120] or kinds[first][0]})")
+
+
+def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
+    """Run the patch's Checks on the new base with only its test files added, in the environment of
+    the new base (kvforge.env.target_env, built on first use), from a temporary tree
+    <cache>/trees/.work/.upstream-checks.<pid>.* that is removed afterwards (or by the next run
+    once that pid is gone)."""
+    if not patch.checks:
+        return Signal("checks", None, False, "the patch has no Checks")
+    scratch = ctx_like.cache.trees / ".work"
+    scratch.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # what a killed run left (its pid is in the name)
+        remove_stale(scratch, r"^\.upstream-checks\.(?P<pid>\d+)\.")
+    tree = Path(tempfile.mkdtemp(prefix=f".upstream-checks.{os.getpid()}.", dir=scratch))
+    try:
+        try:
+            env = target_env(ctx_like, base=nb)
+            env.check()
+        except KvforgeError as exc:
+            return Signal("checks", None, False, f"no test environment for the new base: {exc}")
+        gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
+        refused = _add_test_files(patch, tree)
+        nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
+        outcomes: dict[str, tuple[str, str]] = {c: ("error", "collection error: its test file does not apply "
+                                                          "to the new base") for c in patch.checks if c not in nodes}
+        if nodes:
+            run = run_pytest(env, tree, nodes, tree.parent / f"{tree.name}.xml",
+                             {"state": "new base without the fix", "base": nb.commit}, "new base", nb.commit)
+            for n in nodes:
+                outcomes[n] = (run.outcome(n), run.message_of(n))
+        sig = judge_checks(outcomes)
+        return Signal(sig.name, sig.fired, sig.strong, f"{sig.detail} [env {env.key}]")
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+        for leftover in scratch.glob(f"{tree.name}.*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def _add_test_files(patch, tree: Path) -> set[str]:
+    """Apply the patch's test files (only those) to `tree`, each on its own; the paths that do not apply."""
+    refused: set[str] = set()
+    with tempfile.NamedTemporaryFile(prefix="kvforge-patch-", suffix=".patch", delete=False) as fh:
+        fh.write(patch.raw)
+    try:
+        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent), "LC_ALL": "C"}
+        for path in (p for p in patch.touched_paths if is_test_path(p)):
+            res = subprocess.run(["git", "apply", f"--include={path}", fh.name], cwd=tree, env=env,
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                refused.add(path)
+    finally:
+        os.unlink(fh.name)
+    return refused
+
+
+# ---------------------------------------------------------------- the decision
+
+def decide(signals: list[Signal]) -> tuple[str, str]:
+    """("upstream" | "carried" | "disagree", one-line reason). Never "upstream" on one weak signal nor
+    against a strong signal; strong signals on both sides disagree (see the module docstring)."""
+    strong_for = [s for s in signals if s.fired is True and s.strong]
+    strong_against = [s for s in signals if s.fired is False and s.strong]
+    weak_for = [s for s in signals if s.fired is True and not s.strong]
+    against = [s for s in signals if s.fired is False]
+
+    def names(ss: list[Signal]) -> str:
+        return ", ".join(s.name + ("" if s.strong else " (weak)") for s in ss)
+
+    if strong_for and strong_against:
+        return "disagree", f"strong signals disagree: for upstream {names(strong_for)}; against {names(strong_against)}"
+    if strong_for and not against:
+        return "upstream", f"upstream has it: {names(strong_for + weak_for)}"
+    if len(strong_for) >= 2:
+        return "upstream", f"upstream has it: {names(strong_for)}; against only {names(against)}"
+    if strong_for:
+        return "disagree", f"signals disagree: for upstream {names(strong_for)}; against {names(against)}"
+    if len({s.name for s in weak_for}) >= 2 and not against:
+        return "upstream", f"upstream has it: {names(weak_for)}, none against"
+    if strong_against:
+        return "carried", f"upstream lacks it: {names(strong_against)}"
+    if weak_for:
+        return "carried", f"not enough to drop it: for upstream only {names(weak_for)}" + \
+                          (f"; against {names(against)}" if against else "")
+    if against:
+        return "carried", f"no signal says upstream has it; against {names(against)}"
+    return "carried", "no signal can tell whether upstream has it: kept"
