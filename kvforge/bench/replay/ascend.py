@@ -39,10 +39,10 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from kvforge.bench.replay import driver
-from kvforge.bench.replay.cli import run_case, write_doc
-from kvforge.bench.replay.compat import Features, kw
-from kvforge.bench.replay.driver import SCHEMA
+from . import driver
+from .cli import run_case, write_doc
+from .compat import Features, kw
+from .driver import SCHEMA
 
 SCENARIO = "ascend-dsv4-repeat"
 SCENARIOS = {"repeat": SCENARIO, "shared-prefix": "ascend-dsv4-shared-prefix"}

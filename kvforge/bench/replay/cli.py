@@ -21,8 +21,8 @@ import sys
 import time
 import traceback
 
-from kvforge.bench.replay.driver import SCHEMA, run, say
-from kvforge.bench.replay.workloads import SCENARIOS, parse_runs
+from .driver import SCHEMA, run, say
+from .workloads import SCENARIOS, parse_runs
 
 
 def main(argv=None) -> int:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from kvforge.bench.replay.ceilings import Keyer, block_keys
-from kvforge.bench.replay.compat import kw
+from .ceilings import Keyer, block_keys
+from .compat import kw
 
 CLASS_NAME = "ReplayTierConnector"
 

@@ -16,15 +16,15 @@ import sys
 import time
 from collections import Counter, defaultdict
 
-from kvforge.bench.replay import connector, stats
-from kvforge.bench.replay.ceilings import ceilings, lookahead_ceilings
-from kvforge.bench.replay.compat import Features
-from kvforge.bench.replay.invariants import MAX_EXAMPLES, Checker
-from kvforge.bench.replay.probe import ExternalProbe
-from kvforge.bench.replay.sampler import Sampler
-from kvforge.bench.replay.scheduler import build, make_request
-from kvforge.bench.replay.topologies import hit_alignment
-from kvforge.bench.replay.workloads import workload
+from . import connector, stats
+from .ceilings import ceilings, lookahead_ceilings
+from .compat import Features
+from .invariants import MAX_EXAMPLES, Checker
+from .probe import ExternalProbe
+from .sampler import Sampler
+from .scheduler import build, make_request
+from .topologies import hit_alignment
+from .workloads import workload
 
 SCHEMA = 1  # of a result and of the replay's document (cli.py)
 EOS = 2

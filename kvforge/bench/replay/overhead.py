@@ -46,12 +46,12 @@ import time
 import traceback
 from collections import Counter
 
-from kvforge.bench.replay import stats
-from kvforge.bench.replay.compat import Features
-from kvforge.bench.replay.driver import ClosedLoopClient
-from kvforge.bench.replay.sampler import Sampler
-from kvforge.bench.replay.scheduler import build
-from kvforge.bench.replay.workloads import random_tokens, scaled, workload
+from . import stats
+from .compat import Features
+from .driver import ClosedLoopClient
+from .sampler import Sampler
+from .scheduler import build
+from .workloads import random_tokens, scaled, workload
 
 # Step budget (max_num_batched_tokens) of each topology's deployment, whatever --scale is: the
 # per-step cost is the one of a real deployment (DSv4: 4096-token chunks; Gemma4: 8192).

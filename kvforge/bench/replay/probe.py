@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from kvforge.bench.replay.invariants import MAX_EXAMPLES
+from .invariants import MAX_EXAMPLES
 
 
 class ExternalProbe:

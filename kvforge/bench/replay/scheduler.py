@@ -14,9 +14,9 @@ import math
 import os
 import time
 
-from kvforge.bench.replay import connector
-from kvforge.bench.replay.compat import Features, kw
-from kvforge.bench.replay.topologies import hit_alignment, kv_cache_spec
+from . import connector
+from .compat import Features, kw
+from .topologies import hit_alignment, kv_cache_spec
 
 
 def build(wl: dict, feats: Features):

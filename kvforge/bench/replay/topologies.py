@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from kvforge.bench.replay.compat import Features, accepts, kw
+from .compat import Features, accepts, kw
 
 DSV4_GROUPS = [
     # Full-attention MLA (compressed), block 256 (--block-size 256).

@@ -21,7 +21,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from kvforge.bench.replay.topologies import DSV4_GROUPS, EXTERNAL_GROUPS, GEMMA4_DFLASH_GROUPS, GPTOSS_GROUPS
+from .topologies import DSV4_GROUPS, EXTERNAL_GROUPS, GEMMA4_DFLASH_GROUPS, GPTOSS_GROUPS
 
 SCENARIOS = {
     # name: variants (each variant is one replay and one row)
