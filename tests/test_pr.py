@@ -24,6 +24,7 @@ import pytest
 from helpers import IDENT, git
 from test_verify import CLAMP_FIX, errline, kvforge
 
+from kvforge import DATA
 from kvforge.core import evidence
 from kvforge.flow import pr
 from kvforge.flow import prpolicy
@@ -34,7 +35,7 @@ from kvforge.project.series import read_series
 from kvforge.proof.verify import CheckResult, PatchVerdict, VerifyReport, fail_kind
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-UPSTREAM = Path(pr.__file__).resolve().parent / "data" / "templates" / "upstream"
+UPSTREAM = DATA / "templates" / "upstream"
 CREATED = "2026-11-22T12:00:00.000000+00:00"
 
 CLAMP_MSG = """\
@@ -738,7 +739,7 @@ def test_real_routes_follow_each_upstreams_policy():
 
 
 def test_the_real_policy_refuses_on_the_fixture_and_style_follows_the_component(series, monkeypatch):
-    monkeypatch.setattr(prpolicy, "POLICY_FILE", prpolicy.Path(pr.__file__).parent / "data" / "upstream-policy.toml")
+    monkeypatch.setattr(prpolicy, "POLICY_FILE", DATA / "upstream-policy.toml")
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--json")
     assert res.exit_code == 2
     assert json.loads(res.stdout)["error"] == (
