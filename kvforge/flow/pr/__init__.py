@@ -12,7 +12,7 @@ status, evidence and Drop-When, and what the base already contains.
 
 Both return a `Text` (title, body, style, the evidence used, warnings); the CLI prints or writes it
 and sets the exit code. Rules:
-- Evidence is typed (kvforge.evidence records), looked up by the stack's key (target, component,
+- Evidence is typed (kvforge.core.evidence records), looked up by the stack's key (target, component,
   base commit, series digest). A record of another series or base is *stale*: refused with
   EXIT_TESTS, or used with `allow_stale` and then said so in the text. No record at all is stated in
   the text ("no evidence"), never invented.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import atomic_write_text
 from kvforge.core.outcome import Done
 from kvforge.flow.pr.notes import release_notes
-from kvforge.flow.pr.open import history_refusal, open_pr, push_fix
+from kvforge.flow.pr.open import Pushed, history_refusal, open_pr, push_fix
 from kvforge.flow.pr.text import Text, pull_request
+from kvforge.git.context import Context
 from kvforge.git.trees import open_stack
 
 
@@ -35,7 +37,8 @@ def write_out(path: Path, text: str) -> None:
     atomic_write_text(path, text, mode)
 
 
-def publish(result: Text, out: Path | None, gh: str | None = None, push=None) -> Done:
+def publish(result: Text, out: Path | None, gh: str | None = None,
+            push: Callable[[], Pushed] | None = None) -> Done:
     """How `kvforge pr` and `kvforge notes` end: the text on stdout or written to --out (atomically),
     handed to gh when asked (after `push()` pushed the branch; its URL printed); the evidence warnings
     on stderr, also when this fails."""
@@ -58,7 +61,7 @@ def publish(result: Text, out: Path | None, gh: str | None = None, push=None) ->
     return Done(data, text, notes=list(result.warnings), aside=f"kvforge: wrote {out}" if out is not None else "")
 
 
-def pr_command(ctx, fix_id: str, style: str | None, template: Path | None, allow_stale: bool, out: Path | None,
+def pr_command(ctx: Context, fix_id: str, style: str | None, template: Path | None, allow_stale: bool, out: Path | None,
                gh: str | None, push_to: str | None = None) -> Done:
     """`kvforge pr`: the fix's pull request description, published; with gh (--open), first the fix
     re-applied onto the upstream branch of the --repo clone and pushed to --push-to."""
@@ -81,6 +84,6 @@ def pr_command(ctx, fix_id: str, style: str | None, template: Path | None, allow
     return publish(text, out, gh, push)
 
 
-def notes_command(ctx, template: Path | None, allow_stale: bool, out: Path | None) -> Done:
+def notes_command(ctx: Context, template: Path | None, allow_stale: bool, out: Path | None) -> Done:
     """`kvforge notes`: the release notes, published."""
     return publish(release_notes(ctx, template, allow_stale), out)

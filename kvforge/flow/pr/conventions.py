@@ -17,6 +17,8 @@ from packaging.version import InvalidVersion, Version
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.flow.pr.sandbox import TEMPLATES
 from kvforge.git import gitutil
+from kvforge.git.trees import Stack
+from kvforge.project.targets import Component
 
 STYLES = ("vllm", "vllm-ascend")
 UPSTREAM_TEMPLATE = ".github/PULL_REQUEST_TEMPLATE.md"
@@ -78,7 +80,7 @@ def parse_upstream_template(text: str, source: str) -> UpstreamTemplate:
     return UpstreamTemplate(layout, preamble, tail, source)
 
 
-def vllm_template(stack, release_version: str) -> tuple[UpstreamTemplate, str | None]:
+def vllm_template(stack: Stack, release_version: str) -> tuple[UpstreamTemplate, str | None]:
     """The base's own PR template; kvforge's copy for its version when the base has none (+ a warning)."""
     res = gitutil.run(stack.base.repo, "show", f"{stack.base.commit}:{UPSTREAM_TEMPLATE}", check=False)
     label = f"{stack.base.ref} ({stack.base.commit[:12]})"
@@ -150,7 +152,7 @@ def ascend_title(subject: str, kind: str, branch: str | None, touched: list[str]
     return "".join(f"[{t}]" for t in [*prefix, *modules, ASCEND_ACTION.get(kind, "Misc")]) + f" {text}"
 
 
-def ascend_branch(target_name: str, component) -> str | None:
+def ascend_branch(target_name: str, component: Component) -> str | None:
     """The [Branch] of a vllm-ascend title: the release of the component's own ref when it is a
     vllm-ascend release branch (releases/v0.20.2rc -> v0.20.2rc); None for main; else the target."""
     ref = component.ref

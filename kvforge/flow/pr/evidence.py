@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from kvforge.core import evidence as records
+from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_TESTS, KvforgeError
+from kvforge.core.evidence import Key
 from kvforge.flow.pr.sandbox import first_line, pct
+from kvforge.git.context import Context
 
 # Which `bench prefix-cache` scenarios measure a fix (kvforge/bench/replay/workloads.py documents
 # each scenario's bug report). A bench compares the base with the whole series, so its figures are
@@ -45,7 +48,8 @@ class EvidenceUsed:
     ok: bool | None = None
 
 
-def find_evidence(cache, key, kind: str, allow_stale: bool, target: str) -> tuple[records.Record | None, str]:
+def find_evidence(cache: Cache, key: Key, kind: str, allow_stale: bool,
+                  target: str) -> tuple[records.Record | None, str]:
     """The newest record of `kind` for exactly this key: (record, 'current'); or another series' or
     base's newest, refused (EXIT_TESTS) or, with allow_stale, (record, 'stale'); or (None, 'missing')."""
     rec = records.latest(cache, key, kind)
@@ -66,7 +70,7 @@ def find_evidence(cache, key, kind: str, allow_stale: bool, target: str) -> tupl
     return other, "stale"
 
 
-def gather(ctx, key, kind: str, allow_stale: bool, used: list[EvidenceUsed], warnings: list[str],
+def gather(ctx: Context, key: Key, kind: str, allow_stale: bool, used: list[EvidenceUsed], warnings: list[str],
               args: str = "") -> tuple[records.Record | None, str]:
     """find_evidence, recorded in `used`, with a warning when it is missing or stale."""
     target = target_flag(ctx)
@@ -175,7 +179,7 @@ def bench_data(rec: records.Record | None, state: str, target: str, scenarios: t
     return out
 
 
-def target_flag(ctx) -> str:
+def target_flag(ctx: Context) -> str:
     """What follows `-t` in the commands a text names: the target, and --component when it has several."""
     if len(ctx.target.components) > 1:
         return f"{ctx.target.name} --component {ctx.component.name}"

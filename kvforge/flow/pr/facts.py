@@ -9,13 +9,15 @@ renders or decides where a text goes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.git import gitutil
-from kvforge.project.series import author_email
+from kvforge.git.trees import Stack
+from kvforge.project.series import Patch, Series, author_email
 
 
-def message_body(patch) -> str:
+def message_body(patch: Patch) -> str:
     """The commit message between the subject and the trailer block (free text)."""
     text = patch.raw.decode("utf-8", errors="replace")
     lines = text.split("\n")
@@ -94,7 +96,7 @@ def drop_when_text(value: str) -> str:
     return value
 
 
-def user_facing(patch) -> list[str]:
+def user_facing(patch: Patch) -> list[str]:
     """What a patch changes that a user can set or see, found in its diff (test files aside):
     environment variables (a vllm/envs.py or vllm_ascend/envs.py entry, os.getenv / os.environ),
     config fields (dataclass fields in vllm/config/), engine arguments (new in vllm/engine/arg_utils.py,
@@ -146,7 +148,7 @@ def user_facing(patch) -> list[str]:
     return out
 
 
-def depends_chain(series, patch) -> tuple[list, list[str]]:
+def depends_chain(series: Series, patch: Patch) -> tuple[list[Patch], list[str]]:
     """The patches `patch` depends on, transitively, in series order; and Fix-Ids not in the series."""
     by_id = series.by_fix_id()
     seen: set[str] = set()
@@ -165,7 +167,7 @@ def depends_chain(series, patch) -> tuple[list, list[str]]:
     return [p for p in series.patches if p.fix_id in seen], sorted(missing)
 
 
-def check_dco(patches) -> None:
+def check_dco(patches: Iterable[Patch]) -> None:
     for p in patches:
         if not any(re.match(r"^.+ <[^<>\s]+@[^<>\s]+>$", v) for v in p.values("Signed-off-by")):
             raise KvforgeError(f"{p.name} ({p.subject}): no Signed-off-by: trailer; vLLM and vllm-ascend require "
@@ -177,7 +179,7 @@ def check_dco(patches) -> None:
                                "git commit --amend -s as the author, then export)", EXIT_USAGE)
 
 
-def diffstat(stack, n: int) -> str:
+def diffstat(stack: Stack, n: int) -> str:
     """`git diff --stat` of patch n (or of the whole series with n = 0): exact, from the stack."""
     a, b = (stack.commits[n - 1], stack.commits[n]) if n else (stack.commits[0], stack.commits[-1])
     if a == b:

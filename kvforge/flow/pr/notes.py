@@ -12,16 +12,20 @@ import json
 import re
 from pathlib import Path
 
+from kvforge.core.cache import Cache
 from kvforge.flow.pr.conventions import UpstreamTemplate
 from kvforge.flow.pr.evidence import EvidenceUsed, bench_data, gather, target_flag, verify_data
 from kvforge.flow.pr.facts import depends_chain, diffstat, github_ref, upstream_status
 from kvforge.flow.pr.sandbox import render_template
 from kvforge.flow.pr.text import Text, common_data, home_repo, patch_data, tidy
 from kvforge.git import gitutil
+from kvforge.git.bases import Base
+from kvforge.git.context import Context
 from kvforge.git.trees import open_stack
+from kvforge.project.targets import Component
 
 
-def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) -> Text:
+def release_notes(ctx: Context, template: Path | None = None, allow_stale: bool = False) -> Text:
     """Release notes for ctx's patched build: identity, one entry per fix, evidence, what the base has."""
 
     stack = open_stack(ctx)
@@ -61,7 +65,7 @@ def release_notes(ctx, template: Path | None = None, allow_stale: bool = False) 
                 str(template) if template is not None else "notes.md.j2", "", used, warnings)
 
 
-def upstream_commit(comp, base) -> tuple[str, str]:
+def upstream_commit(comp: Component, base: Base) -> tuple[str, str]:
     """The upstream commit a base was released from, as its sdist records it (setuptools-scm's
     `<package>/_version.py`: `__commit_id__ = commit_id = 'gbc150f502'`): (commit, that file), or
     ('', '') when the base has none (a git base is its upstream commit itself)."""
@@ -73,7 +77,7 @@ def upstream_commit(comp, base) -> tuple[str, str]:
     return (m.group(1), rel) if m else ("", "")
 
 
-def built_wheels(cache, target: str, component: str, digest: str, base_commit: str) -> list[dict]:
+def built_wheels(cache: Cache, target: str, component: str, digest: str, base_commit: str) -> list[dict]:
     """The wheels `kvforge build` made and verified for exactly this series and base, read from its
     reports (<cache>/builds/<target>/<component>/<digest>/build-<platform>.json, written by
     kvforge/wheels/build.py; read here, never written): file name, sha256, size, platform tag."""

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from kvforge.core.errors import EXIT_APPLY, EXIT_ENV, EXIT_USAGE, KvforgeError
 from kvforge.flow.pr.evidence import target_flag
 from kvforge.flow.pr.text import Text
 from kvforge.git import gitutil
+from kvforge.git.context import Context
+from kvforge.project.series import Patch
 
 
 def find_gh() -> str:
@@ -54,7 +57,7 @@ class Pushed:
     head: str  # what gh's --head gets: owner:branch for a GitHub fork, else the branch
 
 
-def history_refusal(ctx, fix_id: str) -> KvforgeError | None:
+def history_refusal(ctx: Context, fix_id: str) -> KvforgeError | None:
     """--open needs a base with upstream history (a git base); an sdist import commit shares none."""
     comp = ctx.component
     if ctx.repo_url and Path(ctx.repo_url).expanduser().is_dir():
@@ -67,7 +70,8 @@ def history_refusal(ctx, fix_id: str) -> KvforgeError | None:
         f"of {comp.repo} and FORK the remote of your fork in it", EXIT_USAGE)
 
 
-def push_fix(clone: Path, patch, branch: str, push_to: str, name: str, say=None) -> Pushed:
+def push_fix(clone: Path, patch: Patch, branch: str, push_to: str, name: str,
+             say: Callable[[str], None] | None = None) -> Pushed:
     """Re-apply `patch` (its format-patch bytes) onto `branch` of the user's clone of the upstream
     repository with `git am -3`, in a scratch repository (the clone is only read), push the result to
     `push_to` as `name`, and check what was pushed: it descends from the upstream branch head and holds

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Generator
 from pathlib import Path
+from typing import cast
 
 from jinja2 import (BaseLoader, ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateError, TemplateNotFound,
                     TemplateSyntaxError)
@@ -49,7 +51,7 @@ class LimitedSandbox(SandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
-def _env(user_template: Path | None = None):
+def _env(user_template: Path | None = None) -> LimitedSandbox:
     """The one jinja2 environment: sandboxed (with size limits), StrictUndefined, loads only
     kvforge's templates (and the user's one file)."""
 
@@ -90,7 +92,7 @@ def render_template(name: str, data: dict, user_template: Path | None = None) ->
         context = tmpl.new_context(data)
         chunks: list[str] = []
         size = 0
-        chunks_of = tmpl.root_render_func(context)
+        chunks_of = cast(Generator[str, None, None], tmpl.root_render_func(context))  # a generator function
         try:
             for chunk in chunks_of:
                 size += len(chunk)
@@ -131,15 +133,15 @@ def _where(exc: BaseException, label: str) -> str:
     return label
 
 
-def pct(x, digits: int = 2) -> str:
+def pct(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x * 100:.{digits}f}%"
 
 
-def md_cell(text) -> str:
+def md_cell(text: object) -> str:
     """Text fit for one markdown table cell: one line, pipes escaped."""
     return " ".join(str(text or "").split()).replace("|", "\\|")
 
 
-def first_line(text, limit: int = 120) -> str:
+def first_line(text: object, limit: int = 120) -> str:
     line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -23,9 +23,11 @@ from kvforge.flow.pr.evidence import (BENCH_SCENARIOS, EvidenceUsed, bench_data,
 from kvforge.flow.pr.facts import (check_dco, depends_chain, diffstat, drop_when_text, github_ref, message_body,
                                    unwrap, upstream_status, user_facing, vllm_refs)
 from kvforge.flow.pr.sandbox import render_template
-from kvforge.git.trees import open_stack
-from kvforge.project.series import read_series
-from kvforge.project.targets import load_all, project_root
+from kvforge.git.bases import Base
+from kvforge.git.context import Context
+from kvforge.git.trees import Stack, open_stack
+from kvforge.project.series import Patch, read_series
+from kvforge.project.targets import Component, load_all, project_root
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Text:
         return asdict(self)
 
 
-def patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str],
+def patch_data(stack: Stack, n: int, repo: str, deps: list[Patch], missing_deps: list[str],
                 home: str = "vllm-project/vllm") -> dict:
     p = stack.series.patches[n - 1]
     tags, text = split_tags(p.subject)
@@ -91,7 +93,7 @@ def patch_data(stack, n: int, repo: str, deps: list, missing_deps: list[str],
     }
 
 
-def common_data(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate) -> dict:
+def common_data(ctx: Context, stack: Stack, style: str, layout: str, upstream: UpstreamTemplate) -> dict:
     comp, base = ctx.component, stack.base
 
     try:
@@ -115,7 +117,7 @@ def common_data(ctx, stack, style: str, layout: str, upstream: UpstreamTemplate)
     }
 
 
-def pull_request(ctx, fix_id: str, style: str | None = None, template: Path | None = None,
+def pull_request(ctx: Context, fix_id: str, style: str | None = None, template: Path | None = None,
                  allow_stale: bool = False) -> Text:
     """One fix of ctx's series as a PR title and body (see the module docstring)."""
 
@@ -198,12 +200,12 @@ def pull_request(ctx, fix_id: str, style: str | None = None, template: Path | No
                 way.branch)
 
 
-def home_repo(ctx) -> str:
+def home_repo(ctx: Context) -> str:
     """The GitHub repository a component's patches were written for (their bare '#N' refer to it)."""
     return _github_repo(ctx.component.repo) or "vllm-project/vllm"
 
 
-def _base_name(comp, base) -> str:
+def _base_name(comp: Component, base: Base) -> str:
     """How a text names the base: vLLM v0.20.2, vLLM main (0.33.0 snapshot), vllm-ascend releases/v0.20.2rc
     (0.20.2rc1 from PyPI when it is the sdist)."""
     if comp.requires:
@@ -223,7 +225,7 @@ def tidy(body: str) -> str:
     return "\n".join(out).strip("\n") + "\n"
 
 
-def _base_origin(base) -> str:
+def _base_origin(base: Base) -> str:
     """Where the base came from, as a text may say it: the sdist and its sha256, or a git URL (never a
     directory of this machine)."""
     if base.source == "git" and not re.match(r"^[a-z][a-z0-9+.-]*://|^git@", base.origin or ""):
@@ -236,7 +238,7 @@ def _github_repo(url: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _no_such_fix(ctx, stack, fix_id: str) -> KvforgeError:
+def _no_such_fix(ctx: Context, stack: Stack, fix_id: str) -> KvforgeError:
     name = ctx.target.name
     entry = next((e for e in ctx.component.in_base if e.fix_id == fix_id), None)
     if entry is not None:
