@@ -292,7 +292,8 @@ def test_pr_for_the_second_component_takes_its_branch_from_its_ref(two):
     assert "nothing here is claimed as tested" in doc["text"] and "kvforge" not in doc["text"]
     assert any("kvforge verify -t fake --component addon" in w for w in doc["warnings"])
     assert "stand-in modules for torchair" in doc["text"]  # the test plan names the stand-ins
-    from kvforge.flow import pr
+    from kvforge.flow.pr.open import base_branch
+    from kvforge.flow.pr.text import Text
 
-    assert pr.base_branch(pr.Text(**{k: doc[k] for k in pr.Text.__dataclass_fields__ if k in doc
-                                     and k not in ("evidence",)})) == "releases/v9rc"
+    assert base_branch(Text(**{k: doc[k] for k in Text.__dataclass_fields__ if k in doc
+                               and k not in ("evidence",)})) == "releases/v9rc"

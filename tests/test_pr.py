@@ -24,9 +24,11 @@ import pytest
 from helpers import IDENT, git
 from test_verify import CLAMP_FIX, errline, kvforge
 
+from kvforge import DATA
 from kvforge.core import evidence
-from kvforge.flow import pr
 from kvforge.flow import prpolicy
+from kvforge.flow.pr import conventions, facts
+from kvforge.flow.pr.evidence import BENCH_SCENARIOS
 from kvforge.bench.prefix_cache import aggregate, goals
 from kvforge.core.cache import Cache
 from kvforge.core.errors import KvforgeError
@@ -34,7 +36,7 @@ from kvforge.project.series import read_series
 from kvforge.proof.verify import CheckResult, PatchVerdict, VerifyReport, fail_kind
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-UPSTREAM = Path(pr.__file__).resolve().parent / "data" / "templates" / "upstream"
+UPSTREAM = DATA / "templates" / "upstream"
 CREATED = "2026-11-22T12:00:00.000000+00:00"
 
 CLAMP_MSG = """\
@@ -160,7 +162,7 @@ def series(fake, request, monkeypatch):
     commit_patch(fake, "0002-fake-factor", FACTOR_FIX, FACTOR_MSG.format(ident=IDENT), c1)
     fake.series("0001-clamp-upper", "0002-fake-factor")
     # FAKE mapping for the fixture's fix: which bench scenario measures it (the real table names real fixes).
-    monkeypatch.setitem(pr.BENCH_SCENARIOS, "clamp-upper", {"external-hit": "measures"})
+    monkeypatch.setitem(BENCH_SCENARIOS, "clamp-upper", {"external-hit": "measures"})
     return fake
 
 
@@ -738,7 +740,7 @@ def test_real_routes_follow_each_upstreams_policy():
 
 
 def test_the_real_policy_refuses_on_the_fixture_and_style_follows_the_component(series, monkeypatch):
-    monkeypatch.setattr(prpolicy, "POLICY_FILE", prpolicy.Path(pr.__file__).parent / "data" / "upstream-policy.toml")
+    monkeypatch.setattr(prpolicy, "POLICY_FILE", DATA / "upstream-policy.toml")
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--json")
     assert res.exit_code == 2
     assert json.loads(res.stdout)["error"] == (
@@ -755,45 +757,46 @@ def test_the_real_policy_refuses_on_the_fixture_and_style_follows_the_component(
 # ---------------------------------------------------------------- units
 
 def test_titles_follow_each_upstreams_convention():
-    assert pr.vllm_title("[Core] Fix x", "fix", "purpose") == "[Bugfix][Core] Fix x"
-    assert pr.vllm_title("[Bugfix][KV Offload] Fix x", "fix", "overview") == "[Bugfix][KV Offload] Fix x"
-    assert pr.vllm_title("Fix x", "fix", "purpose") == "[Bugfix] Fix x"
-    assert pr.vllm_title("[Core] Move x", "refactor", "purpose") == "[Misc][Core] Move x"
-    assert pr.vllm_title("[Core] Move x", "refactor", "overview") == "[Refactor][Core] Move x"
+    assert conventions.vllm_title("[Core] Fix x", "fix", "purpose") == "[Bugfix][Core] Fix x"
+    assert conventions.vllm_title("[Bugfix][KV Offload] Fix x", "fix", "overview") == "[Bugfix][KV Offload] Fix x"
+    assert conventions.vllm_title("Fix x", "fix", "purpose") == "[Bugfix] Fix x"
+    assert conventions.vllm_title("[Core] Move x", "refactor", "purpose") == "[Misc][Core] Move x"
+    assert conventions.vllm_title("[Core] Move x", "refactor", "overview") == "[Refactor][Core] Move x"
     for title in ("Fix x", "[Core]Fix x", "[] Fix x", "[Core] ", "[Co[re] x"):
         with pytest.raises(KvforgeError, match="fails vLLM's PR title check"):
-            pr.check_vllm_title(title)
-    pr.check_vllm_title("[Bugfix][Core] Fix x")
+            conventions.check_vllm_title(title)
+    conventions.check_vllm_title("[Bugfix][Core] Fix x")
     core = ["vllm/v1/core/block_pool.py"]
-    assert pr.ascend_title("[Core] Fix x", "fix", "v0.20.2rc", core) == "[v0.20.2rc][Core][BugFix] Fix x"
-    assert pr.ascend_title("[Core] Fix x", "fix", "main", core) == "[Core][BugFix] Fix x"
-    assert pr.ascend_title("Fix x", "refactor", "main", ["vllm/envs.py"]) == "[Misc][Misc] Fix x"
+    assert conventions.ascend_title("[Core] Fix x", "fix", "v0.20.2rc", core) == "[v0.20.2rc][Core][BugFix] Fix x"
+    assert conventions.ascend_title("[Core] Fix x", "fix", "main", core) == "[Core][BugFix] Fix x"
+    assert conventions.ascend_title("Fix x", "refactor", "main", ["vllm/envs.py"]) == "[Misc][Misc] Fix x"
     # vllm-ascend's own patches: the module from the package directory they touch; the branch from the ref.
     touched = ["vllm_ascend/attention/dsa_v1.py", "vllm_ascend/utils.py", "tests/ut/test_x.py"]
-    assert pr.ascend_title("DeepSeek-V4: fix x", "fix", "v0.20.2rc", touched) == \
+    assert conventions.ascend_title("DeepSeek-V4: fix x", "fix", "v0.20.2rc", touched) == \
         "[v0.20.2rc][Attention][BugFix] DeepSeek-V4: fix x"
-    assert pr.ascend_title("[PrefixCache] Fix x", "fix", None, touched) == "[PrefixCache][BugFix] Fix x"
+    assert conventions.ascend_title("[PrefixCache] Fix x", "fix", None, touched) == "[PrefixCache][BugFix] Fix x"
     from kvforge.project.targets import load_target
 
     repo = Path(__file__).resolve().parent.parent
     t = load_target("v0.20.2rc", repo)
-    assert pr.ascend_branch("v0.20.2rc", t.component("vllm-ascend")) == "v0.20.2rc"  # releases/v0.20.2rc
-    assert pr.ascend_branch("v0.20.2rc", t.component("vllm")) == "v0.20.2rc"
-    assert pr.ascend_branch("main", load_target("main", repo).component()) is None
+    assert conventions.ascend_branch("v0.20.2rc", t.component("vllm-ascend")) == "v0.20.2rc"  # releases/v0.20.2rc
+    assert conventions.ascend_branch("v0.20.2rc", t.component("vllm")) == "v0.20.2rc"
+    assert conventions.ascend_branch("main", load_target("main", repo).component()) is None
 
 
 def test_upstream_templates_pick_the_layout_and_keep_the_checklist():
-    purpose = pr.parse_upstream_template((UPSTREAM / "vllm-0.20.2.PULL_REQUEST_TEMPLATE.md").read_text(), "a")
+    purpose = conventions.parse_upstream_template((UPSTREAM / "vllm-0.20.2.PULL_REQUEST_TEMPLATE.md").read_text(), "a")
     assert purpose.layout == "purpose" and purpose.preamble == "<!-- markdownlint-disable -->"
     assert purpose.tail.startswith("---\n<details>") and purpose.tail.endswith("removed by GitHub Actions)")
-    overview = pr.parse_upstream_template((UPSTREAM / "vllm-0.33.0.PULL_REQUEST_TEMPLATE.md").read_text(), "b")
+    overview = conventions.parse_upstream_template((UPSTREAM / "vllm-0.33.0.PULL_REQUEST_TEMPLATE.md").read_text(),
+                                                   "b")
     assert overview.layout == "overview" and "Pull Request Checklist" in overview.tail
-    ascend = pr.parse_upstream_template("<!-- hi\nthere -->\n### What this PR does / why we need it? (必填)\n\n"
-                                        "### Does this PR introduce _any_ user-facing change?\n\n"
-                                        "### How was this patch tested? (必填)\n", "c")
+    ascend = conventions.parse_upstream_template("<!-- hi\nthere -->\n### What this PR does / why we need it? (必填)\n\n"
+                                                 "### Does this PR introduce _any_ user-facing change?\n\n"
+                                                 "### How was this patch tested? (必填)\n", "c")
     assert ascend.layout == "ascend" and ascend.preamble == "" and ascend.tail == ""
     with pytest.raises(KvforgeError, match=r"x: its sections \(Summary, Tests\) match no layout"):
-        pr.parse_upstream_template("## Summary\n\n## Tests\n", "x")
+        conventions.parse_upstream_template("## Summary\n\n## Tests\n", "x")
 
 
 def test_bench_scenarios_and_fixes_named_by_pr_exist():
@@ -805,7 +808,7 @@ def test_bench_scenarios_and_fixes_named_by_pr_exist():
     for t in load_all(Path(__file__).resolve().parent.parent):
         for c in t.components:
             known |= {p.fix_id for p in read_series(c.series_dir).patches} | {e.fix_id for e in c.in_base}
-    for fix_id, scenarios in pr.BENCH_SCENARIOS.items():
+    for fix_id, scenarios in BENCH_SCENARIOS.items():
         if fix_id == "clamp-upper":  # the fixture's FAKE entry, when a test put it there
             continue
         assert fix_id in known
@@ -815,12 +818,12 @@ def test_bench_scenarios_and_fixes_named_by_pr_exist():
 def test_commit_message_becomes_markdown():
     text = ("First line of a\nwrapped paragraph.\n\nThis patch:\n- one item\n  continued\n- two\n"
             "After the list.\n\n  col a   col b\n  1       2\n")
-    assert pr.unwrap(text) == ("First line of a wrapped paragraph.\n\nThis patch:\n- one item continued\n- two\n\n"
+    assert facts.unwrap(text) == ("First line of a wrapped paragraph.\n\nThis patch:\n- one item continued\n- two\n\n"
                                "After the list.\n\n```text\n  col a   col b\n  1       2\n```")
-    assert pr.vllm_refs("see #42948 and vllm-project/vllm#1234, not &#1234;") == \
+    assert facts.vllm_refs("see #42948 and vllm-project/vllm#1234, not &#1234;") == \
         "see vllm-project/vllm#42948 and vllm-project/vllm#1234, not &#1234;"
-    assert pr.github_ref("https://github.com/vllm-project/vllm/pull/44409", "vllm-project/vllm") == "#44409"
-    assert pr.github_ref("https://github.com/vllm-project/vllm/issues/1", "vllm-project/vllm-ascend") == \
+    assert facts.github_ref("https://github.com/vllm-project/vllm/pull/44409", "vllm-project/vllm") == "#44409"
+    assert facts.github_ref("https://github.com/vllm-project/vllm/issues/1", "vllm-project/vllm-ascend") == \
         "vllm-project/vllm#1"
 
 
@@ -878,7 +881,7 @@ def _real_fixes_get_descriptions(project, base, monkeypatch):
             assert res.exit_code == 0, res.output
             data = json.loads(res.stdout)
             if style == "vllm":
-                assert pr.VLLM_TITLE_RE.match(data["title"]) and data["layout"] == "purpose"
+                assert conventions.VLLM_TITLE_RE.match(data["title"]) and data["layout"] == "purpose"
                 assert data["upstream_template"].startswith(".github/PULL_REQUEST_TEMPLATE.md of v0.20.2")
                 assert data["branch"] == "v0.20.2"
             else:
