@@ -257,7 +257,7 @@ def _sort_version(v: str):
 def _evidence_of(t: Target, c: Component, digest: str, cache: Cache,
                  progress: Progress | None) -> tuple[str, dict[str, str], str]:
     """(current | stale | missing | unknown, fix -> verdict, date) of the newest verify record of (t, c): current
-    when it is of exactly this base and series (kvforge.pr's rule), stale when of another."""
+    when it is of exactly this base and series (kvforge.flow.pr.evidence's rule), stale when of another."""
     records = evidence.load(cache, t.name, c.name, kind="verify")
     if not records:
         return "missing", {}, ""
