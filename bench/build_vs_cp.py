@@ -6,7 +6,7 @@ into the kvforge cache) is
 - copied with `cp` to a new file, as kvforge writes a new file (the floor: every byte read and written
   once); the copy is deleted outside the timing. (`cp` onto the previous run's copy also truncates it,
   which costs 2-3x the copy itself on ext4: that is not the alternative; --wheels shows it apart.)
-- overlaid the way `kvforge build` does before it verifies: build.prepare_wheel itself, i.e. the series'
+- overlaid the way `kvforge build` does before it verifies: prepare.prepare_wheel itself, i.e. the series'
   stack (reused from the cache), the changed files from git, the checks (RECORD against the archive, the
   wheel's files equal to the base's, the wheel built from the base's commit), the raw copy of every
   unchanged member, the new RECORD, and the sha256 of the input checked in a thread (`prepare + overlay`);
@@ -48,7 +48,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvforge.wheels import build as kbuild  # noqa: E402
+from kvforge.wheels import changes as kchanges  # noqa: E402
+from kvforge.wheels import choose as kchoose  # noqa: E402
+from kvforge.wheels import device as kdevice  # noqa: E402
+from kvforge.wheels import download as kdownload  # noqa: E402
+from kvforge.wheels import prepare as kprepare  # noqa: E402
+from kvforge.wheels import result as kresult  # noqa: E402
 from kvforge.core.cache import Cache  # noqa: E402
 from kvforge.git.context import Context  # noqa: E402
 from kvforge.core.fsutil import sha256_file  # noqa: E402
@@ -71,9 +76,9 @@ def cp_new_file(upstream: Path, dest: Path) -> float:
 
 
 def overlay_like_build(ctx, out: Path, pin=None) -> tuple[Path, dict]:
-    """What `kvforge build` does before verification: build.prepare_wheel (build_target up to verification)."""
-    prep = kbuild.prepare_wheel(ctx, out, pin=pin or ctx.component.wheel)
-    assert not isinstance(prep, kbuild.BuildResult)
+    """What `kvforge build` does before verification: prepare.prepare_wheel (build_target up to verification)."""
+    prep = kprepare.prepare_wheel(ctx, out, pin=pin or ctx.component.wheel)
+    assert not isinstance(prep, kresult.BuildResult)
     replaced = [c.path for c in prep.changes if c.action in ("replace", "add", "remove")]
     return prep.built, {**prep.result.seconds, "replaced": replaced}
 
@@ -88,11 +93,11 @@ def per_wheel(args) -> int:
         for comp in base_ctx.target.components:
             ctx = base_ctx.for_component(comp.name)
             open_stack(ctx)
-            chosen = kbuild.wheels_to_build(ctx, "all")  # the pins, or the index's choice where none is pinned
+            chosen = kchoose.wheels_to_build(ctx, "all")  # the pins, or the index's choice where none is pinned
             for arch in ("x86_64", "aarch64"):
                 pins = [w for w, _pinned in chosen if w.arch == arch][-1:]  # one per kind (vllm_ascend: its newest Python)
                 for pin in pins:
-                    upstream = kbuild.download_wheel(comp, ctx.cache, say, pin)
+                    upstream = kdownload.download_wheel(comp, ctx.cache, say, pin)
                     cps, ours, stacks, onto, digests = [], [], [], [], set()
                     hashing = timed(lambda: sha256_file(upstream))
                     for i in range(args.runs):
@@ -114,14 +119,14 @@ def per_wheel(args) -> int:
                 own, ours, stacks, digests = [], [], [], set()
                 for i in range(args.runs):
                     own.append(timed(lambda i=i: own_device_build(ctx, dev, tmp / f"own{i}")))
-                    real_verify = kbuild.verify_wheel
-                    kbuild.verify_wheel = lambda *a, **k: kbuild.Verification(ok=True)  # verification apart
+                    real_verify = kdevice.verify_wheel
+                    kdevice.verify_wheel = lambda *a, **k: kresult.Verification(ok=True)  # verification apart
                     try:
                         t = time.perf_counter()
-                        res = kbuild.build_device(ctx, tmp / f"dev{i}", dev)
+                        res = kdevice.build_device(ctx, tmp / f"dev{i}", dev)
                         ours.append(time.perf_counter() - t)
                     finally:
-                        kbuild.verify_wheel = real_verify
+                        kdevice.verify_wheel = real_verify
                     stacks.append(res.seconds.get("stack", 0.0))
                     digests.add(res.sha256)
                 rows.append((f"{comp.name} device {dev.name}", res.filename, f"vLLM's own pip wheel (unpatched, "
@@ -149,7 +154,7 @@ def own_device_build(ctx, dev, dest: Path) -> None:
     env = target_env(ctx, base=stack.base)
     tree = dest / "tree"
     gitutil.export(stack.base.repo.parent, stack.base.commit, tree, env={"GIT_DIR": str(stack.base.repo)})
-    tools = kbuild.build_tools(ctx, env, tree, dev)
+    tools = kdevice.build_tools(ctx, env, tree, dev)
     e = env.environ({**dict(dev.environ_items), "SETUPTOOLS_SCM_PRETEND_VERSION": ctx.component.release.version})
     e["PYTHONPATH"] = str(tools)
     subprocess.run([str(env.python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
@@ -170,7 +175,7 @@ def main() -> int:
     if args.wheels:
         return per_wheel(args)
     ctx = Context.load(Cache(None), args.target, progress=lambda m: print(f"  {m}", file=sys.stderr))
-    upstream = kbuild.download_wheel(ctx.component, ctx.cache, ctx.say)
+    upstream = kdownload.download_wheel(ctx.component, ctx.cache, ctx.say)
     open_stack(ctx)  # build the stack once: the runs below reuse it, as a second `kvforge build` does
     size = upstream.stat().st_size
     print(f"{args.target}: {upstream.name} ({size / 1e6:.0f} MB), {args.runs} runs each, median")
@@ -194,7 +199,7 @@ def main() -> int:
         have_wheel = importlib.util.find_spec("wheel") is not None
         if have_wheel:
             stack = open_stack(ctx)
-            blobs = kbuild.read_blobs(stack.base.repo, [f"{stack.commits[-1]}:{p}" for p in replaced])
+            blobs = kchanges.read_blobs(stack.base.repo, [f"{stack.commits[-1]}:{p}" for p in replaced])
 
             def unpack_pack(i: int) -> None:
                 d = tmp / f"wp{i}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kvforge.git.bases import download_sdist
-from kvforge.wheels.build import download_wheel
+from kvforge.wheels.download import download_wheel
 from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.project.targets import load_target
 

@@ -32,8 +32,15 @@ import pytest
 from click.testing import CliRunner
 from helpers import git, make_patch, write_series
 
-from kvforge.wheels import build as kbuild
+from kvforge.wheels import changes as kchanges
+from kvforge.wheels import choose as kchoose
+from kvforge.wheels import download as kdownload
+from kvforge.wheels import overlay as koverlay
+from kvforge.wheels import prepare as kprepare
+from kvforge.wheels import result as kresult
+from kvforge.wheels import verify as kverify
 from kvforge.core.cache import Cache, default_cache_dir
+from kvforge.core.errors import KvforgeError
 from kvforge.cli import main
 from kvforge.core import wheel as kwheel
 from kvforge.core.wheel import (RawZipWriter, WheelError, format_record, parse_record, read_member, read_members,
@@ -155,14 +162,14 @@ def overlay_once(project, cache, out: Path):
     ctx = Context.load(cache, "t")
     stack = open_stack(ctx)
     patched = stack.commits[-1]
-    upstream = kbuild.download_wheel(ctx.component, cache, print)
-    changes = kbuild.diff_paths(stack.base.repo, stack.base.commit, patched)
-    kbuild.classify(changes, {m.name for m in read_members(upstream)}, lambda *_: None)
-    res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2")
-    res.build_tag = kbuild.build_tag_for(ctx.component.wheel.filename, stack.digest)
-    res.local_version = kbuild.local_version("0.20.2", "t", stack.digest)
-    res.filename = kbuild.output_filename(ctx.component.wheel.filename, res.build_tag, res.local_version)
-    built, _ = kbuild.write_overlay(ctx, stack, upstream, out, changes, {"base": stack.base.commit,
+    upstream = kdownload.download_wheel(ctx.component, cache, print)
+    changes = kchanges.diff_paths(stack.base.repo, stack.base.commit, patched)
+    kchanges.classify(changes, {m.name for m in read_members(upstream)}, lambda *_: None)
+    res = kresult.BuildResult("t", "vllm", "overlay", "0.20.2")
+    res.build_tag = koverlay.build_tag_for(ctx.component.wheel.filename, stack.digest)
+    res.local_version = koverlay.local_version("0.20.2", "t", stack.digest)
+    res.filename = koverlay.output_filename(ctx.component.wheel.filename, res.build_tag, res.local_version)
+    built, _ = kprepare.write_overlay(ctx, stack, upstream, out, changes, {"base": stack.base.commit,
                                                                         "patched": patched}, res)
     return built, stack, changes, res
 
@@ -400,14 +407,14 @@ def test_pip_installs_it_and_record_and_modules_check_out(overlaid):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
                     "--target", str(site), str(built)], check=True)
     rev = {"base": stack.base.commit, "patched": stack.commits[-1]}
-    rec = kbuild.check_record(built, site)
+    rec = kverify.check_record(built, site)
     assert rec["problems"] == [] and rec["checked"] == rec["files"] - 1  # all but RECORD itself
-    mods = kbuild.check_modules(stack, site, changes, rev)
+    mods = kverify.check_modules(stack, site, changes, rev)
     assert mods["problems"] == [] and sorted(mods["equal"]) == [UTILS, "vllm/v1/core/kvforge_marker.py"]
     # A file changed after install is caught by both checks.
     (site / UTILS).write_text("tampered\n")
-    assert any(UTILS in p for p in kbuild.check_record(built, site)["problems"])
-    assert any(UTILS in p for p in kbuild.check_modules(stack, site, changes, rev)["problems"])
+    assert any(UTILS in p for p in kverify.check_record(built, site)["problems"])
+    assert any(UTILS in p for p in kverify.check_modules(stack, site, changes, rev)["problems"])
 
 
 def test_a_downloaded_wheel_is_stamped_so_the_first_build_does_not_hash_it_again(tmp_path, monkeypatch):
@@ -420,15 +427,15 @@ def test_a_downloaded_wheel_is_stamped_so_the_first_build_does_not_hash_it_again
     sha = hashlib.sha256(src.read_bytes()).hexdigest()
     cache = Cache(tmp_path / "cache")
     entry = {"filename": WHEEL_NAME, "url": src.as_uri(), "digests": {"sha256": sha}, "size": src.stat().st_size}
-    monkeypatch.setattr(kbuild, "release_files", lambda *_a: ("https://pypi.invalid/simple/", [entry]))
+    monkeypatch.setattr(kdownload, "release_files", lambda *_a: ("https://pypi.invalid/simple/", [entry]))
     comp = type("C", (), {"release": type("R", (), {"package": "vllm", "version": "0.20.2"})(), "wheel": None})()
-    path = kbuild.download_wheel(comp, cache, lambda _m: None, WheelPin(WHEEL_NAME, sha))
+    path = kdownload.download_wheel(comp, cache, lambda _m: None, WheelPin(WHEEL_NAME, sha))
     assert path.read_bytes() == src.read_bytes()
-    hasher = kbuild.Hasher(path)
+    hasher = kdownload.Hasher(path)
     hasher.run()
     assert (hasher.stamped, hasher.digest) == (True, sha)
     path.write_bytes(path.read_bytes())  # same bytes, rewritten: the stamp no longer vouches for it
-    again = kbuild.Hasher(path)
+    again = kdownload.Hasher(path)
     again.run()
     assert (again.stamped, again.digest) == (False, sha)
 
@@ -438,11 +445,11 @@ def test_the_changed_files_are_read_by_blob_id_as_by_path(overlaid):
     diff_paths gives and, for the package's files and pyproject.toml, the bytes read_blobs reads by path."""
     stack = overlaid["stack"]
     rev = {"base": stack.base.commit, "patched": stack.commits[-1]}
-    changes, blobs = kbuild.changed_files(stack.base.repo, rev, kbuild.VLLM_RULES)
+    changes, blobs = kchanges.changed_files(stack.base.repo, rev, kchanges.VLLM_RULES)
     assert [(c.path, c.status) for c in changes] == \
-        [(c.path, c.status) for c in kbuild.diff_paths(stack.base.repo, rev["base"], rev["patched"])]
+        [(c.path, c.status) for c in kchanges.diff_paths(stack.base.repo, rev["base"], rev["patched"])]
     specs = [f"{rev[w]}:{c.path}" for c in changes for w in ("base", "patched") if c.path.startswith("vllm/")]
-    assert blobs == kbuild.read_blobs(stack.base.repo, specs)
+    assert blobs == kchanges.read_blobs(stack.base.repo, specs)
     assert blobs[f"{rev['base']}:vllm/v1/core/kvforge_marker.py"] is None  # added: no base side
     assert not any(":tests/" in spec for spec in blobs)  # outside the package: not read
 
@@ -463,9 +470,9 @@ def test_a_wheel_whose_record_disagrees_is_refused_and_leaves_no_stage(overlaid)
 
     ctx = Context.load(overlaid["cache"], "t")
     stack, changes = overlaid["stack"], overlaid["changes"]
-    res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
+    res = kresult.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
     with pytest.raises(WheelError, match="RECORD and the archive disagree"):
-        kbuild.write_overlay(ctx, stack, bad, tmp / "out-norec", changes,
+        kprepare.write_overlay(ctx, stack, bad, tmp / "out-norec", changes,
                              {"base": stack.base.commit, "patched": stack.commits[-1]}, res)
     assert list((tmp / "out-norec").iterdir()) == []
 
@@ -480,9 +487,9 @@ def test_a_wheel_not_built_from_this_base_is_refused(overlaid):
 
     ctx = Context.load(overlaid["cache"], "t")
     stack, changes = overlaid["stack"], overlaid["changes"]
-    res = kbuild.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
-    with pytest.raises(kbuild.KvforgeError, match="not built from this base"):
-        kbuild.write_overlay(ctx, stack, other, tmp / "out-other", changes,
+    res = kresult.BuildResult("t", "vllm", "overlay", "0.20.2", build_tag="1_kvforge_x", filename=WHEEL_NAME)
+    with pytest.raises(KvforgeError, match="not built from this base"):
+        kprepare.write_overlay(ctx, stack, other, tmp / "out-other", changes,
                              {"base": stack.base.commit, "patched": stack.commits[-1]}, res)
     assert not (tmp / "out-other").exists()
 
@@ -498,8 +505,8 @@ def test_a_wheel_not_built_from_this_base_is_refused(overlaid):
     ("docs/x.md", "M", "not packaged", "outside vllm/"),
 ])
 def test_what_the_overlay_does_with_each_changed_path(path, status, action, why):
-    c = kbuild.Change(path, status)
-    kbuild.classify([c], {"vllm/v1/core/block_pool.py", "vllm/v1/core/old.py"}, lambda *_: None)
+    c = kresult.Change(path, status)
+    kchanges.classify([c], {"vllm/v1/core/block_pool.py", "vllm/v1/core/old.py"}, lambda *_: None)
     assert (c.action, c.why) == (action, why)
 
 
@@ -508,8 +515,8 @@ def test_pyproject_changes_are_refused_only_when_they_touch_the_build():
     tool = base.replace(b"80", b"120")
     build = base.replace(b"2.11.0", b"2.12.0")
     for after, action in ((tool, "not packaged"), (build, "refused")):
-        c = kbuild.Change("pyproject.toml", "M")
-        kbuild.classify([c], set(), lambda which, _p, after=after: base if which == "base" else after)
+        c = kresult.Change("pyproject.toml", "M")
+        kchanges.classify([c], set(), lambda which, _p, after=after: base if which == "base" else after)
         assert c.action == action
 
 
@@ -544,7 +551,7 @@ def test_compiled_inputs_are_refused_and_mode_source_prints_vllms_build(project,
 def test_target_without_a_wheel_pin_and_bad_pins(project, tmp_path, monkeypatch):
     # no pin: the index's choice (choose_wheels, as for a target an older `rebase --as` wrote); none there: exit 2
     asked = []
-    monkeypatch.setattr(kbuild, "choose_wheels",
+    monkeypatch.setattr(kchoose, "choose_wheels",
                         lambda package, version, upload=None: asked.append((package, version)) or {})
     res = CliRunner().invoke(main, ["build", "--target", "t", "--json"])
     assert res.exit_code == 2 and "release wheel and the index has none" in json.loads(res.stdout)["error"]
@@ -648,7 +655,7 @@ def test_build_cli_verifies_a_wheel_of_vllms_real_python(project, base_v0202, tm
         (cache.root / "envs").symlink_to(TEST_ENVS_DIR, target_is_directory=True)
     monkeypatch.delenv("KVFORGE_TEST_PYTHON", raising=False)
     names = git(base.repo, "ls-tree", "-r", "--name-only", base.commit, "vllm").split()
-    from kvforge.wheels.build import read_blobs
+    from kvforge.wheels.changes import read_blobs
 
     blobs = read_blobs(base.repo, [f"{base.commit}:{n}" for n in names if n.endswith(".py")])
     files = {k.split(":", 1)[1]: v for k, v in blobs.items()}
@@ -690,7 +697,7 @@ def test_real_release_wheel_overlay_is_reproducible_and_installs(tmp_path):
     from conftest import REPO_ROOT
 
     comp = load_target("v0.20.2rc", REPO_ROOT).component()
-    upstream = kbuild.download_wheel(comp, Cache(default_cache_dir()), print)
+    upstream = kdownload.download_wheel(comp, Cache(default_cache_dir()), print)
     assert hashlib.sha256(upstream.read_bytes()).hexdigest() == comp.wheel.sha256
     members = {m.name: m for m in read_members(upstream)}
     path = "vllm/v1/core/block_pool.py"
@@ -699,14 +706,14 @@ def test_real_release_wheel_overlay_is_reproducible_and_installs(tmp_path):
     for i in (1, 2):
         out = tmp_path / f"{i}" / REAL
         out.parent.mkdir()
-        kbuild.overlay(upstream, out, {path: new}, {}, set(), {"test": i // 3}, "1_kvforge_test")
+        koverlay.overlay(upstream, out, {path: new}, {}, set(), {"test": i // 3}, "1_kvforge_test")
         outs.append(out)
     digests = {hashlib.sha256(o.read_bytes()).hexdigest() for o in outs}
     assert len(digests) == 1
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
                     "--target", str(site), str(outs[0])], check=True)
-    rec = kbuild.check_record(outs[0], site)
+    rec = kverify.check_record(outs[0], site)
     assert rec["problems"] == [] and rec["checked"] == len(members) + 1 - 1  # + kvforge.json, - RECORD
     assert (site / path).read_bytes() == new
     assert (site / "vllm" / "_C.abi3.so").stat().st_size == members["vllm/_C.abi3.so"].file_size
@@ -762,7 +769,7 @@ def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_
     """PyPI's real file lists: vLLM 0.20.2 (manylinux_2_35), 0.21.0 (manylinux_2_24, re-released as build 1 from another commit: the first upload is chosen
     beside the first upload) and 0.22.0 (manylinux_2_28): one pin per architecture, never by the previous
     release's file name."""
-    got = {v: kbuild.choose_wheels("vllm", v) for v in ("0.20.2", "0.21.0", "0.22.0")}
+    got = {v: kchoose.choose_wheels("vllm", v) for v in ("0.20.2", "0.21.0", "0.22.0")}
     assert {v: sorted(p) for v, p in got.items()} == {v: ["aarch64", "x86_64"] for v in got}
     assert got["0.20.2"]["x86_64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
     assert got["0.20.2"]["x86_64"].sha256 == "22a7dd06eb03371298e13d6100f3dedbf307352342aaf08e87c929c60aae9b4d"
@@ -798,9 +805,9 @@ def test_an_overlay_never_sits_on_a_wheel_of_another_commit(tmp_path, wheel_comm
     base = Base("vllm", "sdist", tmp_path, "v0.21.0", "0" * 40, "vllm-0.21.0.tar.gz", upstream_commit=base_commit)
     pin = WheelPin(wheel.name, "0" * 64)
     if not refused:
-        kbuild.check_same_commit(wheel, read_members(wheel), "vllm", base, pin)
+        kdownload.check_same_commit(wheel, read_members(wheel), "vllm", base, pin)
         return
     with pytest.raises(KvforgeError) as info:
-        kbuild.check_same_commit(wheel, read_members(wheel), "vllm", base, pin)
+        kdownload.check_same_commit(wheel, read_members(wheel), "vllm", base, pin)
     assert info.value.exit_code == 2
     assert "built from upstream commit ad7125a43, the base v0.21.0 from 9da56fd18" in str(info.value)

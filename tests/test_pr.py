@@ -297,7 +297,7 @@ def test_golden_notes(series):
 def test_notes_name_the_built_wheels_and_the_user_facing_settings(series):
     """The wheels come from `kvforge build`'s own report (BuildResult as build writes it), for exactly
     this series and base; a report of another series is not shown."""
-    from kvforge.wheels.build import BuildResult
+    from kvforge.wheels.result import BuildResult
 
     key = key_of(series)
     res = kvforge("notes", "-t", "fake")

@@ -238,7 +238,7 @@ FIRST_UPLOADS = {
 def build_cache(real_cache) -> Path:
     """real_cache plus the release wheels of FIRST_UPLOADS (downloaded once into the user cache, sha256-checked,
     linked here) and the user cache's test environments (shared)."""
-    from kvforge.wheels.build import download_wheel
+    from kvforge.wheels.download import download_wheel
     from kvforge.core.cache import Cache
     from kvforge.project.targets import Release, WheelPin
 

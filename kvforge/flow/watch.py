@@ -34,7 +34,7 @@ from typing import Any, Callable
 from packaging.version import InvalidVersion, Version
 
 from kvforge.git.bases import pypi_url
-from kvforge.wheels.build import choose_wheels
+from kvforge.wheels.choose import choose_wheels
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context
 from kvforge.core.errors import EXIT_APPLY, EXIT_NETWORK, EXIT_OK, EXIT_USAGE, KvforgeError

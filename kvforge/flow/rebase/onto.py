@@ -14,7 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvforge.git import gitutil
 from kvforge.git.bases import download_pinned, pypi_url, release_files, release_versions
-from kvforge.wheels.build import choose_wheels
+from kvforge.wheels.choose import choose_wheels
 from kvforge.git.context import Context, Progress, quiet
 from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import sha256_remembered

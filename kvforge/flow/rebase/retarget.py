@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kvforge.git import gitutil
-from kvforge.wheels.build import choose_wheels
+from kvforge.wheels.choose import choose_wheels
 from kvforge.git.context import Context
 from kvforge.core.errors import KvforgeError
 from kvforge.proof.selection import GitSource, Hit, covered, package_of, scan, touched_modules
