@@ -80,7 +80,7 @@ def upstream_commit(comp: Component, base: Base) -> tuple[str, str]:
 def built_wheels(cache: Cache, target: str, component: str, digest: str, base_commit: str) -> list[dict]:
     """The wheels `kvforge build` made and verified for exactly this series and base, read from its
     reports (<cache>/builds/<target>/<component>/<digest>/build-<platform>.json, written by
-    kvforge/wheels/build.py; read here, never written): file name, sha256, size, platform tag."""
+    kvforge/wheels/overlay.py; read here, never written): file name, sha256, size, platform tag."""
     out = []
     for report in sorted((cache.root / "builds" / target / component / digest).glob("build-*.json")):
         try:

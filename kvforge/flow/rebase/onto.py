@@ -37,7 +37,7 @@ def resolve_onto(ctx: Context, onto: str, repo_url: str | None) -> tuple[Compone
 
     VERSION (no --repo): the PyPI sdist of that release, its sha256 taken from PyPI's JSON (offline:
     from an archive already in the cache, and said so), and its release wheels per architecture
-    (kvforge.build.choose_wheels: the first upload, whatever the manylinux tag). REF with --repo/--source git: that ref; a
+    (kvforge.wheels.choose.choose_wheels: the first upload, whatever the manylinux tag). REF with --repo/--source git: that ref; a
     version-like ref (v0.21.0) also moves the offline source to that release.
     """
     comp = ctx.component
@@ -106,7 +106,7 @@ RELEASE_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:(?:rc|\.post)[0-9]+)?", re.AS
 @dataclass(frozen=True)
 class ReleasePins:
     """What the package index says about one release: its sdist's sha256 and the release wheels kvforge
-    build overlays (per architecture, the first upload: kvforge.build.choose_wheels)."""
+    build overlays (per architecture, the first upload: kvforge.wheels.choose.choose_wheels)."""
 
     package: str
     version: str

@@ -84,7 +84,7 @@ def _as_target_text(plan: Plan, ctx: Context, st: State | None, wheels: tuple[Wh
 
 
 def new_wheels(package: str, version: str | None, notes: list[str]) -> tuple[WheelPin, ...] | None:
-    """The release wheels of `package`==`version` per architecture (kvforge.build.choose_wheels), or None when
+    """The release wheels of `package`==`version` per architecture (kvforge.wheels.choose.choose_wheels), or None when
     they cannot be known (no release version, offline, the index unreachable: said in `notes`)."""
     if version is None:
         return None
