@@ -121,8 +121,8 @@ def test_find_links_source_takes_a_local_cpu_wheel_for_this_python(tmp_path, mon
 
 def test_the_env_modules_import_as_a_dag():
     """torchsource imports neither env nor userenv; userenv never imports env at module level."""
-    code = ("import sys, kvforge.torchsource as t; assert 'kvforge.env.userenv' not in sys.modules, 1\n"
-            "import kvforge.userenv; assert 'kvforge.env.venv' not in sys.modules, 2")
+    code = ("import sys, kvforge.env.torchsource as t; assert 'kvforge.env.userenv' not in sys.modules, 1\n"
+            "import kvforge.env.userenv; assert 'kvforge.env.venv' not in sys.modules, 2")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
