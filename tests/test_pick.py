@@ -30,6 +30,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvforge.flow import pick
+from kvforge.project import transaction
 from kvforge.git.bases import download_sdist
 from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.cli import main
@@ -171,13 +172,13 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
         dirs[str(d)] = {n: base64.b64encode(b).decode() for n, b in files.items()}
     targets = {str(root / "targets" / t): pick._in_base_text((root / "targets" / t).read_text(), "vllm", "fix-it", "r")
                for t in ("main.toml", "v0.20.2rc.toml")}
-    digests = {d: pick.dir_digest(Path(d)) for d in dirs} | {t: pick.file_digest(Path(t)) for t in targets}
+    digests = {d: transaction.dir_digest(Path(d)) for d in dirs} | {t: transaction.file_digest(Path(t)) for t in targets}
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"root": str(root), "dirs": dirs, "targets": targets, "digests": digests}))
     old = _snapshot(root)
     env = {**os.environ, "KVFORGE_EXPORT_SWAP": swap}
     seen = {"old": [], "new": []}
-    steps = [s for s in pick.PICK_CRASH_STEPS if swap == "rename" or s != "swap-aside"]
+    steps = [s for s in transaction.CRASH_STEPS if swap == "rename" or s != "swap-aside"]
     if swap == "rename":
         steps.append("swap-aside")
     for step in steps + [None]:
@@ -189,7 +190,7 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
         leftovers = [p.name for p in (root / "patches").iterdir() if p.name.startswith(".")]
         assert not leftovers, (step, leftovers)
         now = _snapshot(root)
-        state = "new" if all(pick.dir_digest(Path(d)) != digests[d] for d in dirs) and \
+        state = "new" if all(transaction.dir_digest(Path(d)) != digests[d] for d in dirs) and \
             all(Path(t).read_text() == x for t, x in targets.items()) else "old"
         assert now == old if state == "old" else now != old, step
         seen[state].append(step)
@@ -201,8 +202,8 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
                 (Path(d) / "0006-fix-it.patch").unlink()
             assert _snapshot(root) == old
     # Before the journal: rolled back; from the journal on: rolled forward; the plain run writes.
-    assert seen["old"] == ["locked", "staging", "staged", "ready", "all-staged"], seen
-    assert None in seen["new"] and "journal-written" in seen["new"] and "done" in seen["new"]
+    assert seen["old"] == ["locked", "staging", "staged", "committing"], seen
+    assert None in seen["new"] and "committed" in seen["new"] and "done" in seen["new"]
 
 
 # ---------------------------------------------------------------- slow: real releases
@@ -400,10 +401,10 @@ def test_pick_conflict_left_in_a_tree_continue_writes_and_survives_kills(picking
     env = {k: v for k, v in os.environ.items() if k != "KVFORGE_CRASH_AT"}
     cmd = [sys.executable, "-c", "from kvforge.cli import main; main()", "pick", "--continue"]
     # Killed before the commit point: the old state; the pick can still continue.
-    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:all-staged"}, capture_output=True, text=True)
+    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:committing"}, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     # Killed after one of the two series directories was swapped in: the next run finishes the write.
-    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:dir-swapped"}, capture_output=True, text=True)
+    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:swapped"}, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     res = subprocess.run(cmd + ["--json"], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -44,22 +44,23 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from kvforge.git import gitutil
-from kvforge.project import seriesdir
+from kvforge.project import seriesdir, transaction
+from kvforge.project.transaction import dir_digest, file_digest
 from kvforge.flow import upstream
 from kvforge.flow.apply import apply_target
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context, Progress
 from kvforge.git.engine import add_worktree, am_in_progress, am_one, diagnose, format_patch, remove_worktree
 from kvforge.core.errors import EXIT_APPLY, EXIT_NETWORK, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from kvforge.core.fsutil import atomic_write_bytes, atomic_write_text, crashpoint, file_lock
+from kvforge.core.fsutil import atomic_write_text, file_lock
 from kvforge.flow.port import copy_preimages
 from kvforge.core.render import table
-from kvforge.project.series import Patch, lint_directory, parse_patch, read_series
+from kvforge.project.series import Patch, parse_patch, read_series
 from kvforge.project.targets import Target, display_path, known_targets, load_target, project_root
 from kvforge.git.trees import open_stack
 from kvforge.proof.verify import verify_target
@@ -68,10 +69,7 @@ REPOS = {"vllm": "vllm-project/vllm", "vllm-ascend": "vllm-project/vllm-ascend"}
 OK_VERDICTS = ("present", "carried", "applies", "applies (3-way)", "resolved")
 WRITTEN = ("applies", "applies (3-way)", "resolved")
 STOPS = ("conflict", "needs prerequisite", "disagree")
-# $KVFORGE_CRASH_AT=pick:<step>; "staging".."ready" and "swap-aside".."done" are seriesdir's (first directory).
-PICK_CRASH_STEPS = ("locked", "staging", "staged", "ready", "all-staged", "journal-written", "swapped", "cleanup",
-                    "dir-swapped", "targets-written", "done")
-JOURNAL = ".kvforge-pick.journal"
+CHANGED_HINT = " (`kvforge pick --abort` and pick again)"  # after "<file> changed since the pick read it; ..."
 ZERO = "0" * 40
 
 
@@ -677,19 +675,6 @@ def state_path(cache: Cache, root: Path) -> Path:
     return cache.root / "pick" / key / "state.json"
 
 
-def dir_digest(d: Path) -> str:
-    h = hashlib.sha256()
-    if d.is_dir():
-        for p in sorted(d.iterdir()):
-            if p.is_file():
-                h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def file_digest(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
-
-
 def _save_state(path: Path, result: PickResult, rows: list[Row], digests: dict[str, str]) -> None:
     data = {"fix_id": result.fix_id, "source": result.source, "subject": result.subject,
             "upstream": result.upstream, "verify": result.verify, "digests": digests,
@@ -775,104 +760,46 @@ def build_plan(rows: list[Row], fix_id: str, upstream_info: dict[str, Any]) -> P
     return plan
 
 
-@contextlib.contextmanager
-def _locked(dirs: list[Path], say: Progress) -> Iterator[None]:
-    """The lock of every series directory's parent (seriesdir.locked), in a fixed order."""
-    parents: dict[Path, Path] = {}
-    for d in dirs:
-        parents.setdefault(d.parent.resolve(), d)
-    with contextlib.ExitStack() as stack:
-        for p in sorted(parents):
-            stack.enter_context(seriesdir.locked(parents[p], say, display_path))
-        yield
+def recover(root: Path, say: Progress) -> list[str]:
+    """Finish or undo a write a kill interrupted (kvforge.project.transaction's one recovery); the paths a
+    finished one wrote."""
+    return transaction.settle(root, say)
 
 
-def _journal(root: Path) -> Path:
-    return root / "patches" / JOURNAL
+def _mark_writing(state: Path, after: dict[str, str], summary: dict[str, Any] | None) -> None:
+    """Record in a stopped pick's state what its write makes of each path: the next pick sees it written."""
+    data = json.loads(state.read_text(encoding="utf-8"))
+    data["writing"] = {"after": after, "summary": summary or {}}
+    atomic_write_text(state, json.dumps(data, indent=1) + "\n")
 
 
-def _tx(d: Path, say: Progress) -> seriesdir.Transaction:
-    return seriesdir.Transaction(d, say, "pick", lint_directory, display_path)
-
-
-def recover(root: Path, say: Progress) -> dict[str, Any] | None:
-    """Finish a write a kill interrupted (a journal is there: roll forward, and the stopped pick's state it
-    wrote is removed), else roll staged leftovers back. The finished write's summary, or None."""
-    journal = _journal(root)
-    patches = root / "patches"
-    candidates = sorted({patches / n.split(".kvforge-")[0].lstrip(".") for n in os.listdir(patches)
-                         if n.startswith(".") and ".kvforge-" in n and n != JOURNAL}) if patches.is_dir() else []
-    if not journal.exists() and not candidates:
+def written_by(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of the write a stopped pick's state records, when the project holds all of it."""
+    writing = state.get("writing")
+    if not isinstance(writing, dict) or not isinstance(writing.get("after"), dict):
         return None
-    with _locked([patches / "x"], say):
-        if not journal.exists():
-            for d in candidates:
-                _tx(d, say).recover()
-            return None
-        data = json.loads(journal.read_text(encoding="utf-8"))
-        for d, files in data["dirs"].items():
-            new = {n: base64.b64decode(b) for n, b in files.items()}
-            _write_dir(Path(d), new, data["keep"].get(d, []), say, staged_ok=True)
-        for path, text in data["targets"].items():
-            if Path(path).read_text(encoding="utf-8") != text:
-                atomic_write_text(Path(path), text)
-        if data.get("state"):
-            Path(data["state"]).unlink(missing_ok=True)
-        journal.unlink()
-        say("finished a pick that was interrupted while writing")
-        return dict(data.get("summary") or {})
-
-
-def _write_dir(d: Path, files: dict[str, bytes], keep: list[str], say: Progress, staged_ok: bool) -> None:
-    want = hashlib.sha256()
-    for n in sorted(files):
-        want.update(n.encode() + b"\0" + files[n] + b"\0")
-    tx = _tx(d, say)
-    if dir_digest(d) == want.hexdigest():
-        tx.recover()
-        return
-    staged = tx.staged()
-    if not (staged_ok and staged is not None and dir_digest(staged) == want.hexdigest()):
-        tx.recover()
-        tx.stage(files, keep=keep)
-    tx.commit()
+    if not all(transaction.digest(Path(p)) == d for p, d in writing["after"].items()):
+        return None
+    return dict(writing.get("summary") or {})
 
 
 def commit_all(root: Path, plan: Plan, digests: dict[str, str], say: Progress, state: Path | None = None,
                summary: dict[str, Any] | None = None) -> list[str]:
-    """Write every series directory and target file of `plan`, all or nothing (the module docstring)."""
+    """Write every series directory and target file of `plan` in one transaction of the project, after checking
+    that every path the pick read (`digests`) is unchanged (the module docstring)."""
     if not plan.dirs and not plan.targets:
         return []
     dirs = [Path(d) for d in plan.dirs]
-    with _locked(dirs or [root / "patches" / "x"], say):
-        crashpoint("pick:locked")
+    with transaction.open_transaction(root, "pick", say, dirs=dirs, hint=CHANGED_HINT) as tx:
         for path, want in digests.items():
-            p = Path(path)
-            if (dir_digest(p) if p.is_dir() else file_digest(p)) != want:
-                raise KvforgeError(f"{display_path(p)} changed since the pick read it; nothing was written "
-                                   "(`kvforge pick --abort` and pick again)", EXIT_USAGE)
-        txs = []
-        for d in dirs:
-            tx = _tx(d, say)
-            tx.recover()
-            tx.stage(plan.dirs[str(d)], keep=plan.keep.get(str(d), []))
-            txs.append(tx)
-        crashpoint("pick:all-staged")
-        doc = {"dirs": {d: {n: base64.b64encode(b).decode() for n, b in f.items()} for d, f in plan.dirs.items()},
-               "keep": plan.keep, "targets": plan.targets, "state": str(state) if state else None,
-               "summary": summary or {}}
-        atomic_write_bytes(_journal(root), json.dumps(doc).encode())
-        crashpoint("pick:journal-written")
-        for tx in txs:
-            tx.commit()
-            crashpoint("pick:dir-swapped")
-        for path, text in plan.targets.items():
-            atomic_write_text(Path(path), text)
-        crashpoint("pick:targets-written")
-        if state is not None:
-            state.unlink(missing_ok=True)
-        _journal(root).unlink()
-        crashpoint("pick:done")
+            tx.expect(Path(path), want)
+        after = {d: tx.stage_dir(Path(d), files, keep=plan.keep.get(d, [])) for d, files in plan.dirs.items()}
+        after |= {path: tx.stage_file(Path(path), text.encode("utf-8")) for path, text in plan.targets.items()}
+        if state is not None and state.is_file():
+            _mark_writing(state, after, summary)
+        tx.commit()
+    if state is not None:
+        state.unlink(missing_ok=True)
     return [display_path(Path(d)) for d in plan.dirs] + [display_path(Path(p)) for p in plan.targets]
 
 
@@ -943,9 +870,14 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
     root = project_root()
     spath = state_path(cache, root)
     with file_lock(spath.parent.parent / f"{spath.parent.name}.lock", progress, "the pick state"):
-        finished = None if dry_run else recover(root, progress)
+        if not dry_run:
+            recover(root, progress)
         state = _load_state(spath)
-        if finished and state is None and action == "continue":
+        finished = written_by(state) if state is not None and not dry_run else None
+        if finished is not None:  # its write was finished (by whichever command came first): the pick is over
+            spath.unlink(missing_ok=True)
+            state = None
+        if finished is not None and action == "continue":
             res = PickResult(finished.get("fix_id", "?"), finished.get("source", "?"), finished.get("subject", ""),
                              finished.get("upstream", {}), [Row(**r) for r in finished.get("rows", [])], "written")
             res.notes = ["an interrupted write of this pick was finished now"]
