@@ -346,7 +346,7 @@ def test_add_0220_stops_at_the_swa_mask_conflict_then_continues(copy_project, re
     r = run_kvforge("target", "add", "--continue", "--json")
     while r.returncode == 3:
         resolve_all(Path(json.loads(r.stdout)["worktree"]), "ours")
-        r = run_kvforge("target", "add", "--continue", "--json", crash_at="targetadd:series-written")
+        r = run_kvforge("target", "add", "--continue", "--json", crash_at="targetadd:swapped")
     assert r.returncode == -9, r.stderr  # killed after patches/v0.22.0 was written, before the target file
     assert (copy_project / "patches" / "v0.22.0" / "series").is_file()
     assert not (copy_project / "targets" / "v0.22.0.toml").exists()

@@ -22,6 +22,9 @@ Read check: before anything is staged, every path the operation read (`stage_dir
 `read`, `expect`) must still have the digest it had at planning; else one line names the file (exit 2) and
 nothing is written.
 
+A removal (`remove_dir`, `remove_file`: `target add --abort` taking back its own output) is a write whose new
+digest is ABSENT; it happens only where the path still has the digest read.
+
 The journal (JOURNAL_VERSION, type-checked on load): the operation, and per directory and file its path
 relative to the root, its digest as read and once written, its new bytes (a directory's kept entries are
 named, copied from where they were), and the staged copy. Every path is checked to stay inside the root
