@@ -230,3 +230,16 @@ def test_a_path_outside_the_root_is_refused_before_anything_is_staged(tmp_path):
         with open_transaction(root, "tx", lambda m: None) as tx:
             tx.stage_file(tmp_path / "elsewhere.toml", b"x")
     assert snapshot(root) == before and not (tmp_path / "elsewhere.toml").exists()
+
+
+def test_a_file_inside_a_directory_the_transaction_replaces_is_refused(tmp_path):
+    root = tmp_path / "project"
+    make_project(root)
+    before = snapshot(root)
+    a = root / "patches" / "a"
+    with pytest.raises(KvforgeError) as err:
+        with open_transaction(root, "tx", lambda m: None, dirs=[a]) as tx:
+            tx.stage_dir(a, {"series": b""})
+            tx.stage_file(a / "dropped.toml", b"")
+    assert err.value.exit_code == 2 and "both written" in str(err.value)
+    assert snapshot(root) == before and leftovers(root) == []

@@ -421,9 +421,9 @@ def recover(directory: Path, show: Show = str) -> None:
         if staged is None:
             return  # nothing complete to put back: the reader says the directory does not exist
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise KvforgeError(f"{show(directory)} is missing: a series swap (export or rebase) was interrupted and "
-                           f"cannot be finished here ({why}); finish it with: mv {shlex.quote(str(staged))} "
-                           f"{shlex.quote(str(directory))}", EXIT_ENV) from None
+        raise KvforgeError(f"{show(directory)} is missing: a series swap (export, rebase, pick or target add) was "
+                           f"interrupted and cannot be finished here ({why}); finish it with: "
+                           f"mv {shlex.quote(str(staged))} {shlex.quote(str(directory))}", EXIT_ENV) from None
 
 
 def _quiet(_message: str) -> None:

@@ -272,6 +272,14 @@ class Transaction:
         except ValueError:
             raise KvforgeError(f"{self.op}: {path} is outside {self.root}; nothing was written", EXIT_USAGE) from None
 
+    def _claim(self, rel: str) -> str:
+        """One write per path, and no file inside a directory the transaction replaces (the operation's mistake)."""
+        for other in self.journal.paths():
+            if rel == other or PurePosixPath(rel).is_relative_to(other) or PurePosixPath(other).is_relative_to(rel):
+                raise KvforgeError(f"{self.op}: {rel} and {other} are both written by one transaction; nothing was "
+                                   "written", EXIT_USAGE)
+        return rel
+
     def expect(self, path: Path, read: str) -> None:
         """Refuse (exit 2, nothing written) unless `path` still has the digest `read` it had at planning."""
         if digest(Path(path)) != read:
@@ -288,7 +296,7 @@ class Transaction:
         dest = Path(dest).resolve()
         if dest not in self.dirs:
             raise KvforgeError(f"{self.op}: {dest} was not named when the transaction began", EXIT_USAGE)
-        rel = self.rel(dest)
+        rel = self._claim(self.rel(dest))
         if read is not None:
             self.expect(dest, read)
         tmp = seriesdir.stage(dest, files, lint=lint_directory, show=display_path, crash=self.crash, keep=keep,
@@ -311,7 +319,7 @@ class Transaction:
 
     def stage_file(self, path: Path, data: bytes, *, read: str | None = None) -> str:
         """Record a target or ledger file's new bytes (written after the commit point); return their digest."""
-        rel = self.rel(path)
+        rel = self._claim(self.rel(path))
         if read is not None:
             self.expect(path, read)
         after = bytes_digest(data)
@@ -324,13 +332,15 @@ class Transaction:
         dest = Path(dest).resolve()
         if dest not in self.dirs:
             raise KvforgeError(f"{self.op}: {dest} was not named when the transaction began", EXIT_USAGE)
+        rel = self._claim(self.rel(dest))
         self.expect(dest, read)
-        self.journal.dirs.append(DirWrite(self.rel(dest), read, ABSENT, "", {}, [], ""))
+        self.journal.dirs.append(DirWrite(rel, read, ABSENT, "", {}, [], ""))
 
     def remove_file(self, path: Path, *, read: str) -> None:
         """Remove a file if it still has the digest `read`."""
+        rel = self._claim(self.rel(path))
         self.expect(path, read)
-        self.journal.files.append(FileWrite(self.rel(path), read, ABSENT, ""))
+        self.journal.files.append(FileWrite(rel, read, ABSENT, ""))
 
     def staged_copy(self, dest: Path) -> Path:
         """The staged copy of `dest` (to read before the commit: it is renamed at the commit)."""
