@@ -206,6 +206,25 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
     assert None in seen["new"] and "committed" in seen["new"] and "done" in seen["new"]
 
 
+def test_a_stopped_picks_write_finished_by_another_command_is_seen_written(tmp_path):
+    """Any command that writes the project may finish an interrupted write (the transaction's one recovery): the
+    stopped pick's state records what its write makes of each path, so the next pick sees it done."""
+    d, f = tmp_path / "patches" / "t", tmp_path / "targets" / "t.toml"
+    d.mkdir(parents=True)
+    (d / "series").write_text("0001-x.patch\n")
+    f.parent.mkdir()
+    f.write_text('name = "t"\n')
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"fix_id": "x", "rows": []}))
+    pickwrite._mark_writing(state, {str(d): transaction.dir_digest(d), str(f): transaction.file_digest(f)},
+                            {"fix_id": "x"})
+    data = json.loads(state.read_text())
+    assert data["fix_id"] == "x" and pickwrite.written_by(data) == {"fix_id": "x"}
+    f.write_text('name = "t"\n# mine\n')
+    assert pickwrite.written_by(data) is None
+    assert pickwrite.written_by({"fix_id": "x"}) is None
+
+
 # ---------------------------------------------------------------- slow: real releases
 
 SUBJECT_41282 = ("[Core] Apply the SWA admission cap only in the full-sequence admission gate (#41282)\n\n"
