@@ -22,7 +22,8 @@ from helpers import git, trailers
 from kvforge.cli import main
 from kvforge.git.engine import format_patch
 from kvforge.project.series import read_series
-from kvforge.project.seriesdir import CRASH_STEPS, Listing, exchange, listing_text, read_listing, recover
+from kvforge.project.seriesdir import Listing, exchange, listing_text, read_listing, recover
+from kvforge.project.transaction import CRASH_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL = "vllm/v1/core/block_pool.py"

@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvforge.flow import pick
+from kvforge.flow import picksource, pickwrite
+from kvforge.project import transaction
 from kvforge.git.bases import download_sdist
 from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.cli import main
@@ -75,22 +76,22 @@ index 3333333..4444444 100644
 
 
 def test_checks_are_the_test_functions_the_change_adds_or_modifies():
-    assert pick.checks_of(DIFF) == ["tests/v1/core/test_x.py::test_kept", "tests/v1/core/test_x.py::test_added"]
+    assert picksource.checks_of(DIFF) == ["tests/v1/core/test_x.py::test_kept", "tests/v1/core/test_x.py::test_added"]
 
 
 def test_fix_id_slug_and_message_split():
-    assert pick.default_fix_id("[Core][Bugfix] Keep the SWA admission cap (#41282)") == "keep-the-swa-admission-cap"
-    subject, body, signs = pick._split_message("[Core] X (#1)\n\nWhy it matters.\n\nMore.\n\n"
+    assert picksource.default_fix_id("[Core][Bugfix] Keep the SWA admission cap (#41282)") == "keep-the-swa-admission-cap"
+    subject, body, signs = picksource._split_message("[Core] X (#1)\n\nWhy it matters.\n\nMore.\n\n"
                                                "Signed-off-by: A <a@b.c>\nCo-authored-by: B <b@b.c>\n")
     assert (subject, body) == ("[Core] X (#1)", "Why it matters.\n\nMore.")
     assert signs == ["Signed-off-by: A <a@b.c>", "Co-authored-by: B <b@b.c>"]
 
 
 def test_annotated_patch_is_lint_clean_with_the_header_filled():
-    change = pick.Change("x", DIFF, "[Core] Fix it (#41282)", "What goes wrong.\n\nDetails.", "Up Stream <u@s.io>",
+    change = picksource.Change("x", DIFF, "[Core] Fix it (#41282)", "What goes wrong.\n\nDetails.", "Up Stream <u@s.io>",
                          "Fri, 8 May 2026 12:00:00 +0000", "vllm", ["a" * 40],
-                         pick._pr_of("[Core] Fix it (#41282)", "vllm"), False, "0.20.2", ["Signed-off-by: Up Stream <u@s.io>"])
-    raw = pick.annotated(change, "fix-it", pick.checks_of(DIFF), "Carrier <c@example.com>")
+                         picksource._pr_of("[Core] Fix it (#41282)", "vllm"), False, "0.20.2", ["Signed-off-by: Up Stream <u@s.io>"])
+    raw = picksource.annotated(change, "fix-it", picksource.checks_of(DIFF), "Carrier <c@example.com>")
     p = parse_patch(Path("0001-fix-it.patch"), raw)
     assert not p.problems, p.problems
     assert p.value("Upstream-Status") == "Backport [https://github.com/vllm-project/vllm/pull/41282, aaaaaaaaaaaa]"
@@ -98,14 +99,14 @@ def test_annotated_patch_is_lint_clean_with_the_header_filled():
     assert p.values("Signed-off-by") == ["Up Stream <u@s.io>", "Carrier <c@example.com>"]
     assert p.value("Why") == "What goes wrong." and p.author == "Up Stream <u@s.io>"
     change.pr_open, change.first_release = True, None
-    p = parse_patch(Path("0001-fix-it.patch"), pick.annotated(change, "fix-it", [], "Carrier <c@example.com>"))
+    p = parse_patch(Path("0001-fix-it.patch"), picksource.annotated(change, "fix-it", [], "Carrier <c@example.com>"))
     assert not p.problems and p.upstream_status == "Pending" and p.kind == "refactor"
     assert p.value("Drop-When") == "upstream-pr-merged https://github.com/vllm-project/vllm/pull/41282"
 
 
 def test_in_base_goes_to_the_named_component_of_a_real_target_file():
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
-    new = pick._in_base_text(text, "vllm", "swa-admission-cap", 'upstream "#41282"')
+    new = pickwrite._in_base_text(text, "vllm", "swa-admission-cap", 'upstream "#41282"')
     comps = {c["name"]: c for c in tomllib.loads(new)["components"]}
     assert [e["fix_id"] for e in comps["vllm"]["in_base"]][-1] == "swa-admission-cap"
     assert "swa-admission-cap" not in [e["fix_id"] for e in comps["vllm-ascend"].get("in_base", [])]
@@ -133,11 +134,11 @@ def test_offline_pr_and_bad_sources_refuse_in_one_line(tmp_path, monkeypatch):
 CRASH_SCRIPT = """
 import base64, json, sys
 from pathlib import Path
-from kvforge.flow import pick
+from kvforge.flow import pickwrite
 spec = json.loads(Path(sys.argv[1]).read_text())
-plan = pick.Plan({d: {n: base64.b64decode(b) for n, b in f.items()} for d, f in spec["dirs"].items()},
+plan = pickwrite.Plan({d: {n: base64.b64decode(b) for n, b in f.items()} for d, f in spec["dirs"].items()},
                  {}, spec["targets"])
-pick.commit_all(Path(spec["root"]), plan, spec["digests"], lambda m: None)
+pickwrite.commit_all(Path(spec["root"]), plan, spec["digests"], lambda m: None)
 """
 
 
@@ -157,7 +158,7 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
                              capture_output=True).stdout
     root.mkdir()
     subprocess.run(["tar", "x"], cwd=root, input=archive, check=True)
-    new_patch = pick.annotated(pick.Change("x", DIFF, "[Core] Fix it (#41282)", "Why.", "U <u@s.io>", "Fri, 8 May 2026 "
+    new_patch = picksource.annotated(picksource.Change("x", DIFF, "[Core] Fix it (#41282)", "Why.", "U <u@s.io>", "Fri, 8 May 2026 "
                                            "12:00:00 +0000", "vllm", ["a" * 40],
                                            signoffs=["Signed-off-by: U <u@s.io>"]),  # upstream's DCO sign-off
                                "fix-it", ["t.py::test_a"],
@@ -169,15 +170,15 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
         files["0006-fix-it.patch"] = new_patch
         files["series"] += b"0006-fix-it.patch\n"
         dirs[str(d)] = {n: base64.b64encode(b).decode() for n, b in files.items()}
-    targets = {str(root / "targets" / t): pick._in_base_text((root / "targets" / t).read_text(), "vllm", "fix-it", "r")
+    targets = {str(root / "targets" / t): pickwrite._in_base_text((root / "targets" / t).read_text(), "vllm", "fix-it", "r")
                for t in ("main.toml", "v0.20.2rc.toml")}
-    digests = {d: pick.dir_digest(Path(d)) for d in dirs} | {t: pick.file_digest(Path(t)) for t in targets}
+    digests = {d: transaction.dir_digest(Path(d)) for d in dirs} | {t: transaction.file_digest(Path(t)) for t in targets}
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"root": str(root), "dirs": dirs, "targets": targets, "digests": digests}))
     old = _snapshot(root)
     env = {**os.environ, "KVFORGE_EXPORT_SWAP": swap}
     seen = {"old": [], "new": []}
-    steps = [s for s in pick.PICK_CRASH_STEPS if swap == "rename" or s != "swap-aside"]
+    steps = [s for s in transaction.CRASH_STEPS if swap == "rename" or s != "swap-aside"]
     if swap == "rename":
         steps.append("swap-aside")
     for step in steps + [None]:
@@ -185,11 +186,11 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
         res = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(spec)], env=run_env, capture_output=True,
                              text=True, cwd=tmp_path)
         assert res.returncode == (-9 if step else 0), (step, res.stderr[-2000:])
-        pick.recover(root, lambda m: None)
+        pickwrite.recover(root, lambda m: None)
         leftovers = [p.name for p in (root / "patches").iterdir() if p.name.startswith(".")]
         assert not leftovers, (step, leftovers)
         now = _snapshot(root)
-        state = "new" if all(pick.dir_digest(Path(d)) != digests[d] for d in dirs) and \
+        state = "new" if all(transaction.dir_digest(Path(d)) != digests[d] for d in dirs) and \
             all(Path(t).read_text() == x for t, x in targets.items()) else "old"
         assert now == old if state == "old" else now != old, step
         seen[state].append(step)
@@ -201,8 +202,27 @@ def test_write_is_all_or_nothing_under_sigkill_at_every_step(tmp_path, swap):
                 (Path(d) / "0006-fix-it.patch").unlink()
             assert _snapshot(root) == old
     # Before the journal: rolled back; from the journal on: rolled forward; the plain run writes.
-    assert seen["old"] == ["locked", "staging", "staged", "ready", "all-staged"], seen
-    assert None in seen["new"] and "journal-written" in seen["new"] and "done" in seen["new"]
+    assert seen["old"] == ["locked", "staging", "staged", "committing"], seen
+    assert None in seen["new"] and "committed" in seen["new"] and "done" in seen["new"]
+
+
+def test_a_stopped_picks_write_finished_by_another_command_is_seen_written(tmp_path):
+    """Any command that writes the project may finish an interrupted write (the transaction's one recovery): the
+    stopped pick's state records what its write makes of each path, so the next pick sees it done."""
+    d, f = tmp_path / "patches" / "t", tmp_path / "targets" / "t.toml"
+    d.mkdir(parents=True)
+    (d / "series").write_text("0001-x.patch\n")
+    f.parent.mkdir()
+    f.write_text('name = "t"\n')
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"fix_id": "x", "rows": []}))
+    pickwrite._mark_writing(state, {str(d): transaction.dir_digest(d), str(f): transaction.file_digest(f)},
+                            {"fix_id": "x"})
+    data = json.loads(state.read_text())
+    assert data["fix_id"] == "x" and pickwrite.written_by(data) == {"fix_id": "x"}
+    f.write_text('name = "t"\n# mine\n')
+    assert pickwrite.written_by(data) is None
+    assert pickwrite.written_by({"fix_id": "x"}) is None
 
 
 # ---------------------------------------------------------------- slow: real releases
@@ -400,10 +420,10 @@ def test_pick_conflict_left_in_a_tree_continue_writes_and_survives_kills(picking
     env = {k: v for k, v in os.environ.items() if k != "KVFORGE_CRASH_AT"}
     cmd = [sys.executable, "-c", "from kvforge.cli import main; main()", "pick", "--continue"]
     # Killed before the commit point: the old state; the pick can still continue.
-    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:all-staged"}, capture_output=True, text=True)
+    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:committing"}, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     # Killed after one of the two series directories was swapped in: the next run finishes the write.
-    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:dir-swapped"}, capture_output=True, text=True)
+    killed = subprocess.run(cmd, env={**env, "KVFORGE_CRASH_AT": "pick:swapped"}, capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     res = subprocess.run(cmd + ["--json"], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

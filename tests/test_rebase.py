@@ -23,7 +23,7 @@ from helpers import CORE, FILES, git
 from kvforge.project import ledger
 from kvforge.cli import main
 from kvforge.project.series import read_series
-from kvforge.project.seriesdir import CRASH_STEPS
+from kvforge.project.transaction import CRASH_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIGKILLED = -9
@@ -223,7 +223,7 @@ def test_kill_inside_the_commit_step_is_finished_by_the_next_run(fake):
     fake_series(fake)
     tag_v2(fake)
     args = ("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream))
-    killed = run_kvforge(*args, crash_at="rebase:series-swapped")
+    killed = run_kvforge(*args, crash_at="rebase:swapped")  # the series swapped in, the target not yet
     assert killed.returncode == SIGKILLED
     # The series is the new one, the target not yet: --abort is refused, --continue finishes it.
     assert (fake.root / "patches" / "fake" / "series").read_text() == "0002-triple.patch\n"
@@ -242,8 +242,9 @@ def files_of(d: Path) -> dict[str, bytes] | None:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else None
 
 
-# The commit step replaces patches/<target> through seriesdir's transaction, as export does: a SIGKILL at
-# each of its steps (both swaps) leaves the old or the complete new series, and the next run finishes it.
+# The commit step replaces patches/<target> and targets/<target>.toml in one transaction of the project, as export
+# does: a SIGKILL at each of its steps (both swaps) leaves the old or the complete new series, and the next run
+# finishes it.
 @pytest.mark.parametrize("step,swap", [(step, swap) for swap in ("exchange", "rename") for step in CRASH_STEPS
                                        if not (swap == "exchange" and step == "swap-aside")])
 def test_sigkill_in_the_commit_at_every_seriesdir_step(fake, step, swap):
@@ -267,7 +268,8 @@ def test_sigkill_in_the_commit_at_every_seriesdir_step(fake, step, swap):
         assert after == old, step
     else:
         assert is_new(after), step
-    assert 'ref = "v1"' in (fake.root / "targets" / "fake.toml").read_text()
+    ref = "v1" if CRASH_STEPS.index(step) < CRASH_STEPS.index("written") else "v2"  # the target: after the series
+    assert f'ref = "{ref}"' in (fake.root / "targets" / "fake.toml").read_text()
     done = kvforge("rebase", "-t", "fake", "--continue")
     assert done.exit_code == 0, done.output
     assert is_new(files_of(d)) and 'ref = "v2"' in (fake.root / "targets" / "fake.toml").read_text()

@@ -110,7 +110,7 @@ def test_dry_run_never_finishes_an_interrupted_commit_and_the_commit_keeps_a_new
     two_patches(fake)
     tag_v2(fake)
     args = ("rebase", "-t", "fake", "--onto", "v2", "--repo", str(fake.upstream))
-    killed = run_kvforge(*args, crash_at="rebase:commit-staged")
+    killed = run_kvforge(*args, crash_at="rebase:committing")  # staged, state saved, before the commit point
     assert killed.returncode == SIGKILLED, killed.stderr
     series = fake.root / "patches" / "fake" / "series"
     series.write_text(series.read_text() + "# the user's own note\n")  # their newer export

@@ -346,7 +346,7 @@ def test_add_0220_stops_at_the_swa_mask_conflict_then_continues(copy_project, re
     r = run_kvforge("target", "add", "--continue", "--json")
     while r.returncode == 3:
         resolve_all(Path(json.loads(r.stdout)["worktree"]), "ours")
-        r = run_kvforge("target", "add", "--continue", "--json", crash_at="targetadd:series-written")
+        r = run_kvforge("target", "add", "--continue", "--json", crash_at="targetadd:swapped")
     assert r.returncode == -9, r.stderr  # killed after patches/v0.22.0 was written, before the target file
     assert (copy_project / "patches" / "v0.22.0" / "series").is_file()
     assert not (copy_project / "targets" / "v0.22.0.toml").exists()
@@ -473,3 +473,67 @@ def test_an_in_place_rebase_comments_out_the_selectors_the_new_release_lacks(tmp
     assert list(new.component("vllm").tests["cpu"]) == [s for s in old.component("vllm").tests["cpu"] if s != gone]
     assert new.component("vllm-ascend").tests == old.component("vllm-ascend").tests
     assert comment_out_selectors(text, 1, [gone], "v0.22.0") == text  # another component's list: untouched
+
+
+# ---------------------------------------------------------------- fast: the one write, killed at every step
+
+COMMIT_SCRIPT = """
+import sys
+from dataclasses import replace
+from pathlib import Path
+from kvforge.core.cache import Cache
+from kvforge.flow import targetadd
+from kvforge.flow.rebase.state import project_id
+from kvforge.project.targets import load_target
+root, cache, name = Path(sys.argv[1]), Cache(Path(sys.argv[2])), "v9.9.9"
+old = load_target("v0.20.2rc", root)
+comps = tuple(replace(c, series_dir=root / "patches" / (name if i == 0 else f"{name}-{c.name}"))
+              for i, c in enumerate(old.components))
+final = replace(old, name=name, path=root / "targets" / f"{name}.toml", components=comps)
+ta = targetadd._load(cache, name) or targetadd.AddState(
+    name=name, version="9.9.9", from_target=old.name, root=str(root), root_id=project_id(root), target_text="",
+    components=[c.name for c in comps], left_out={}, upstream={c.name: "0123456789ab" for c in comps},
+    done=[c.name for c in comps], started="2026-11-27T00:00:00Z")
+print(targetadd._commit(cache, ta, final, {}, {}, print))
+"""
+
+
+def test_the_commit_killed_at_every_transaction_step_is_wholly_old_or_new(copy_project, tmp_path):
+    """target add's one write (every series directory, then the target file) goes through the project's
+    transaction: a SIGKILL at each of its steps, then the next writer's recovery, leaves no target or the
+    complete one; `--continue`'s commit (run again on the saved state) then finishes it."""
+    from kvforge.project.transaction import COMMIT_POINT, CRASH_STEPS, JOURNAL, settle
+
+    cache = tmp_path / "cache"
+    before = snapshot(copy_project)
+    tfile = copy_project / "targets" / "v9.9.9.toml"
+    dirs = [copy_project / "patches" / "v9.9.9", copy_project / "patches" / "v9.9.9-vllm-ascend"]
+
+    def run(crash: str | None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "KVFORGE_CRASH_AT"} | (
+            {"KVFORGE_CRASH_AT": crash} if crash else {})
+        return subprocess.run([sys.executable, "-c", COMMIT_SCRIPT, str(copy_project), str(cache)], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    for step in [s for s in CRASH_STEPS if s != "swap-aside"]:  # new directories: renamed in, no fallback window
+        killed = run(f"targetadd:{step}")
+        assert killed.returncode == -9, (step, killed.stderr[-2000:])
+        settle(copy_project)
+        now = snapshot(copy_project)
+        if CRASH_STEPS.index(step) < CRASH_STEPS.index(COMMIT_POINT):
+            assert now == before, step
+        else:
+            assert tfile.is_file() and all((d / "series").read_text() == "" for d in dirs), step
+        done = run(None)
+        assert done.returncode == 0, (step, done.stderr[-2000:])
+        assert tfile.is_file() and all((d / "series").read_text() == "" for d in dirs), step
+        assert tomllib.loads(tfile.read_text())["name"] == "v9.9.9"
+        assert {k: v for k, v in snapshot(copy_project).items() if "v9.9.9" not in k} == before
+        assert not (copy_project / JOURNAL).exists()
+        assert not [p for p in (copy_project / "patches").iterdir() if p.name.startswith(".")]
+        assert kvforge("lint", "-t", "v9.9.9").exit_code == 0, step
+        tfile.unlink()  # the project as it was, for the next kill
+        for d in dirs:
+            shutil.rmtree(d)
+        shutil.rmtree(cache / "targetadd", ignore_errors=True)
+        assert snapshot(copy_project) == before

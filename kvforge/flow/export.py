@@ -13,10 +13,11 @@ number; --renumber names every file NNNN-<Fix-Id>.patch by position. The series 
 comment lines (the header at the top, comments before and on an entry's line go with that entry).
 Files of the series directory that are not patches of the old series (a README, notes) are kept.
 
-Transaction. The series directory is replaced all or nothing through kvforge.seriesdir (its docstring
-describes the lock, the staging into a hidden sibling linted with series.read_series, the swap and the
-recovery after a kill): a commit without a valid Fix-Id is found before anything is staged, and on any
-problem the directory is untouched. Crash points: "export:<step>" for each seriesdir.CRASH_STEPS.
+Transaction. The series directory is replaced all or nothing through kvforge.project.transaction (its
+docstring describes the locks, the staging into a hidden sibling linted with series.read_series, the journal,
+the swap and the recovery after a kill), rooted at the project (or, for an --out outside it, at the nearest
+existing directory above the --out): a commit without a valid Fix-Id is found before anything is staged, and
+on any problem the directory is untouched. Crash points: "export:<step>" for each transaction.CRASH_STEPS.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from pathlib import Path
 
 from kvforge.git import gitutil
 from kvforge.project import seriesdir
+from kvforge.project.transaction import Transaction, open_transaction
 from kvforge.git.engine import format_patch
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.core.outcome import Done
 from kvforge.core.render import table
-from kvforge.project.series import FIX_ID_RE, lint_directory, parse_patch
-from kvforge.project.targets import display_path
+from kvforge.project.series import FIX_ID_RE, parse_patch
+from kvforge.project.targets import display_path, project_root
 from kvforge.git.trees import commits_since, resolve_from
 
 FILE_STATUSES = ("unchanged", "rewritten", "new", "removed")  # ExportedFile.status
@@ -135,13 +137,23 @@ def export_target(ctx, out: Path | None = None, renumber: bool = False) -> Expor
     dest = Path(out).expanduser().resolve() if out else Path(ctx.component.series_dir).resolve()
     if dest.exists() and not dest.is_dir():
         raise KvforgeError(f"{display_path(dest)} is not a directory", EXIT_USAGE)
-    with seriesdir.transaction(dest, ctx.say, crash="export", lint=lint_directory, show=display_path) as tx:
-        return _export_locked(ctx, tx, commits, renumber, repo, head, base.commit, what)
+    with open_transaction(_root_of(dest), "export", ctx.say, dirs=[dest]) as tx:
+        return _export_locked(ctx, tx, dest, commits, renumber, repo, head, base.commit, what)
 
 
-def _export_locked(ctx, tx: seriesdir.Transaction, commits: list[Commit], renumber: bool, repo: Path, head: str,
+def _root_of(dest: Path) -> Path:
+    """The root of export's transaction: the project, or the nearest existing directory above an --out outside it."""
+    root = project_root().resolve()
+    if dest.is_relative_to(root):
+        return root
+    probe = dest.parent
+    while not probe.exists():
+        probe = probe.parent
+    return probe
+
+
+def _export_locked(ctx, tx: Transaction, dest: Path, commits: list[Commit], renumber: bool, repo: Path, head: str,
                    base: str, what: str) -> ExportResult:
-    dest = tx.dest
     own = seriesdir.read_listing(dest)  # dest's own series, or None
     if own is None and dest.is_dir() and any(dest.iterdir()):
         raise KvforgeError(f"{display_path(dest)} is not empty and has no `series` file; export into a series "
@@ -216,7 +228,7 @@ def _export_locked(ctx, tx: seriesdir.Transaction, commits: list[Commit], renumb
 
     files = {name: c.raw for c, name in zip(commits, names)}
     files[seriesdir.SERIES_FILE] = series_bytes
-    tx.stage(files, keep=kept, blame={name: c.blame for c, name in zip(commits, names)})
+    tx.stage_dir(dest, files, keep=kept, blame={name: c.blame for c, name in zip(commits, names)})
     tx.commit()
     result.written = True
     return result

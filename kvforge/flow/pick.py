@@ -1,12 +1,9 @@
 """`kvforge pick SOURCE`: one upstream change into every target's series, a verdict per target.
 
-Sources (`load_source`): a commit or range A..B of a local clone (`--repo DIR REV`), a `git format-patch`
-/ mbox file of one message (GitHub's `pull/N.patch` of a one-commit PR), or, online, a PR number or URL
-(refused offline, exit 6). The component (vllm, vllm-ascend) follows from the repository.
-
-Per (target, component) that has the change's component, in this order: `present` (the target file
-lists the Fix-Id in `in_base`, or kvforge.upstream's signals on the base decide "upstream": never on one
-weak signal), `carried` (a patch with the Fix-Id or the same `git patch-id --stable`), then `git am -3`
+The change comes from kvforge.flow.picksource (a commit or range of a clone, a format-patch file, a PR) with
+kvforge's header. Per (target, component) that has the change's component, in this order: `present` (the
+target file lists the Fix-Id in `in_base`, or kvforge.upstream's signals on the base decide "upstream": never
+on one weak signal), `carried` (a patch with the Fix-Id or the same `git patch-id --stable`), then `git am -3`
 on the target's stack tip (kvforge.trees) in a worktree of kvforge's own: `applies`, `applies
 (3-way)`, or, when it fails, `needs prerequisite` (it does not apply to the bare base either: its
 preimage comes from upstream changes the target lacks; with the source's history, the commits named)
@@ -17,15 +14,12 @@ the change is applied on the series up to FIX and the later patches are re-appli
 under their names), or the pick is refused (exit 3, nothing written); `--verify` proves the picked patch
 (kvforge.verify with `prove`), wherever it sits.
 
-Writing (`commit_all`): nothing in patches/ or targets/ changes until every row is decided (and, with
---verify, proven). Then, under the lock of the series directories' parent, every changed series
-directory is staged complete (kvforge.seriesdir.Transaction, linted), a journal holding every new file
-and target text is written beside them (the commit point), the directories are swapped in, the target
-files replaced (in_base entries for `present`), and the journal removed. The next `kvforge pick` (any
-action) finishes a journal it finds (roll forward) or deletes staged leftovers (roll back): after a
-SIGKILL at any step ($KVFORGE_CRASH_AT=pick:<step>, PICK_CRASH_STEPS) patches/ and targets/ are the old
-ones or the complete new ones. A pick that stopped keeps its state in <cache>/pick/<project>/state.json
-until `--continue` (reads the resolved trees, then writes) or `--abort` (the user's trees stay).
+Writing: kvforge.flow.pickwrite, one transaction of the project once every row is decided (and, with
+--verify, proven); a SIGKILL at any of its steps ($KVFORGE_CRASH_AT=pick:<step>,
+kvforge.project.transaction.CRASH_STEPS) leaves patches/ and targets/ the old ones or the complete new ones
+once the next kvforge command that writes the project (every `kvforge pick` first) has recovered. A pick that
+stopped keeps its state in <cache>/pick/<project>/state.json until `--continue` (reads the resolved trees,
+then writes) or `--abort` (the user's trees stay).
 """
 
 from __future__ import annotations
@@ -39,371 +33,31 @@ import re
 import shutil
 import tempfile
 import time
-import tomllib
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
-
-from packaging.version import InvalidVersion, Version
+from typing import Any
 
 from kvforge.git import gitutil
-from kvforge.project import seriesdir
 from kvforge.flow import upstream
 from kvforge.flow.apply import apply_target
+from kvforge.flow.picksource import Change, annotated, carrier, checks_of, default_fix_id, load_source
+from kvforge.flow.pickwrite import (CHANGED_HINT, STOPS, WRITTEN, Row, build_plan, commit_all, digests_of, recover,
+                                    written_by)
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context, Progress
 from kvforge.git.engine import add_worktree, am_in_progress, am_one, diagnose, format_patch, remove_worktree
-from kvforge.core.errors import EXIT_APPLY, EXIT_NETWORK, EXIT_TESTS, EXIT_USAGE, KvforgeError
-from kvforge.core.fsutil import atomic_write_bytes, atomic_write_text, crashpoint, file_lock
+from kvforge.core.errors import EXIT_APPLY, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from kvforge.core.fsutil import atomic_write_text, file_lock
 from kvforge.flow.port import copy_preimages
 from kvforge.core.render import table
-from kvforge.project.series import Patch, lint_directory, parse_patch, read_series
+from kvforge.project.series import Patch, parse_patch, read_series
 from kvforge.project.targets import Target, display_path, known_targets, load_target, project_root
 from kvforge.git.trees import open_stack
 from kvforge.proof.verify import verify_target
 
-REPOS = {"vllm": "vllm-project/vllm", "vllm-ascend": "vllm-project/vllm-ascend"}
-OK_VERDICTS = ("present", "carried", "applies", "applies (3-way)", "resolved")
-WRITTEN = ("applies", "applies (3-way)", "resolved")
-STOPS = ("conflict", "needs prerequisite", "disagree")
-# $KVFORGE_CRASH_AT=pick:<step>; "staging".."ready" and "swap-aside".."done" are seriesdir's (first directory).
-PICK_CRASH_STEPS = ("locked", "staging", "staged", "ready", "all-staged", "journal-written", "swapped", "cleanup",
-                    "dir-swapped", "targets-written", "done")
-JOURNAL = ".kvforge-pick.journal"
-ZERO = "0" * 40
-
-
-# ---------------------------------------------------------------- the change
-
-
-@dataclass
-class Change:
-    """The upstream change, as read from its source."""
-
-    source: str  # how the user named it
-    diff: bytes  # from the first `diff --git` on (full-index where the source had it)
-    subject: str
-    body: str  # the message without its trailer block
-    author: str  # Name <email>
-    date: str
-    component: str
-    commits: list[str] = field(default_factory=list)  # upstream commit ids
-    pr_url: str | None = None
-    pr_open: bool = False
-    first_release: str | None = None  # the first release tag that contains the change (source history)
-    signoffs: list[str] = field(default_factory=list)  # the source's Signed-off-by / Co-authored-by lines
-    git_dir: str | None = None  # the source repository's git directory (preimage blobs, history)
-    rev: str | None = None
-
-    @property
-    def paths(self) -> list[str]:
-        return sorted(set(re.findall(r"^diff --git a/(\S+) b/", self.diff.decode("utf-8", "replace"), re.M)))
-
-
-def _split_message(message: str) -> tuple[str, str, list[str]]:
-    """(subject, body without trailers, sign-off lines) of a commit message."""
-    lines = message.strip("\n").split("\n")
-    subject = lines[0].strip() if lines else ""
-    rest = "\n".join(lines[1:]).strip("\n")
-    paras = re.split(r"\n\s*\n", rest) if rest.strip() else []
-    signoffs: list[str] = []
-    if paras and all(re.match(r"^[A-Za-z][A-Za-z0-9-]*: ", ln) or ln.startswith(" ")
-                     for ln in paras[-1].splitlines()):
-        signoffs = [ln.strip() for ln in paras[-1].splitlines()
-                    if ln.startswith(("Signed-off-by: ", "Co-authored-by: "))]
-        paras = paras[:-1]
-    return subject, "\n\n".join(paras).strip(), signoffs
-
-
-def _pr_of(subject: str, component: str) -> str | None:
-    m = re.search(r"\(#(\d+)\)\s*$", subject)
-    return f"https://github.com/{REPOS.get(component, REPOS['vllm'])}/pull/{m.group(1)}" if m else None
-
-
-def _release_key(tag: str) -> Version | None:
-    m = re.match(r"^v?(\d+\.\d+(?:\.\d+)?)$", tag)  # final releases only: an rc tag is not a release
-    if not m:
-        return None
-    try:
-        return Version(m.group(1))
-    except InvalidVersion:
-        return None
-
-
-def first_release(repo: Path, commit: str) -> str | None:
-    """The lowest release tag (vX.Y.Z) of `repo` that contains `commit`, as X.Y.Z."""
-    tags = gitutil.run(repo, "tag", "--contains", commit, check=False).stdout.split()
-    found = sorted((v, t) for t in tags if (v := _release_key(t)) is not None)
-    return str(found[0][0]) if found else None
-
-
-def _component_of(repo: Path, given: str | None) -> str:
-    if given:
-        return given
-    url = gitutil.run(repo, "remote", "get-url", "origin", check=False).stdout.strip()
-    return "vllm-ascend" if "vllm-ascend" in url else "vllm"
-
-
-def from_repo(repo_dir: Path, rev: str, component: str | None) -> Change:
-    """A commit (or A..B, picked as one change) of a local clone."""
-    repo = Path(repo_dir).expanduser()
-    if gitutil.run(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
-        raise KvforgeError(f"--repo {repo_dir}: not a git repository", EXIT_USAGE)
-    git_dir = gitutil.run(repo, "rev-parse", "--absolute-git-dir").stdout.strip()
-    comp = _component_of(repo, component)
-    if ".." in rev:
-        a, b = rev.split("..", 1)
-        ca, cb = gitutil.rev_parse(repo, f"{a}^{{commit}}"), gitutil.rev_parse(repo, f"{b or 'HEAD'}^{{commit}}")
-        if not ca or not cb:
-            raise KvforgeError(f"--repo {repo_dir}: {rev!r} is not a range of commits there", EXIT_USAGE)
-        commits = gitutil.run(repo, "rev-list", "--reverse", "--no-merges", f"{ca}..{cb}").stdout.split()
-        if not commits:
-            raise KvforgeError(f"--repo {repo_dir}: {rev} holds no commit", EXIT_USAGE)
-        diff = gitutil.run(repo, "diff", "--full-index", "--binary", "-M", ca, cb, binary=True).stdout
-        last = gitutil.run(repo, "log", "-1", "--format=%an <%ae>%n%aD%n%B", cb).stdout
-        author, date, message = last.split("\n", 2)
-        subject, body, signoffs = _split_message(message)
-        shortlog = gitutil.run(repo, "log", "--reverse", "--format=- %h %s", f"{ca}..{cb}").stdout.strip()
-        body = (body + "\n\n" if body else "") + f"Picked as one change: {rev}\n{shortlog}"
-        head = cb
-    else:
-        head = gitutil.rev_parse(repo, f"{rev}^{{commit}}") or ""
-        if not head:
-            raise KvforgeError(f"--repo {repo_dir}: no commit {rev!r} there", EXIT_USAGE)
-        commits = [head]
-        raw = format_patch(repo, head)
-        diff = raw[raw.find(b"\ndiff --git ") + 1:]
-        info = gitutil.run(repo, "log", "-1", "--format=%an <%ae>%n%aD%n%B", head).stdout
-        author, date, message = info.split("\n", 2)
-        subject, body, signoffs = _split_message(message)
-    if not diff.startswith(b"diff --git "):
-        raise KvforgeError(f"--repo {repo_dir}: {rev} changes no file", EXIT_USAGE)
-    diff = _strip_signature(diff)
-    return Change(f"{repo_dir} {rev}", diff, subject, body, author, date, comp, commits,
-                  _pr_of(subject, comp), False, first_release(repo, head), signoffs, git_dir, rev)
-
-
-def _strip_signature(diff: bytes) -> bytes:
-    k = diff.rfind(b"\n-- \n")
-    return diff[:k + 1] if k >= 0 else diff
-
-
-def from_mbox(path: Path, component: str | None) -> Change:
-    """A format-patch / mbox file holding one message."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise KvforgeError(f"{path}: cannot read: {exc.strerror or exc}", EXIT_USAGE) from None
-    froms = re.findall(rb"^From ([0-9a-f]{40}) ", raw, re.M)
-    if len(froms) > 1:
-        raise KvforgeError(f"{path}: holds {len(froms)} patches; pick takes one change (squash the PR into one "
-                           "commit, or pick its merged commit with --repo DIR REV)", EXIT_USAGE)
-    probe = parse_patch(Path(path), raw)
-    if not probe.files:
-        first = probe.problems[0].message if probe.problems else "no diff"
-        raise KvforgeError(f"{path}: not a git format-patch file: {first}", EXIT_USAGE)
-    text = raw.decode("utf-8", "replace")
-    head, _, _ = text.partition("\ndiff --git ")
-    header, _, message = head.partition("\n\n")
-    message = message.rsplit("\n---\n", 1)[0]
-    date = next((ln[5:].strip() for ln in header.splitlines() if ln.startswith("Date:")), "")
-    subject, body, signoffs = _split_message(probe.subject + "\n\n" + message)
-    comp = component or "vllm"
-    commits = [c.decode() for c in froms if c.decode() != ZERO]
-    diff = _strip_signature(raw[raw.find(b"\ndiff --git ") + 1:])
-    return Change(str(path), diff, subject, body, probe.author, date, comp, commits, _pr_of(subject, comp),
-                  False, None, signoffs)
-
-
-PR_URL = re.compile(r"^https://github\.com/(vllm-project/(vllm|vllm-ascend))/pull/(\d+)/?$")
-
-
-def from_pr(spec: str, component: str | None, cache: Cache, say: Progress) -> Change:
-    """An upstream PR (number, or URL of vLLM or vllm-ascend): its .patch and description from GitHub."""
-    m = PR_URL.match(spec)
-    comp = m.group(2) if m else (component or "vllm")
-    number = m.group(3) if m else spec
-    repo = REPOS[comp]
-    if os.environ.get("KVFORGE_OFFLINE") == "1":
-        raise KvforgeError(f"PR {spec}: $KVFORGE_OFFLINE=1; download https://github.com/{repo}/pull/{number}.patch "
-                           "and pick the file", EXIT_NETWORK)
-    say(f"fetching {repo}#{number} from GitHub")
-    try:
-        with urllib.request.urlopen(f"https://api.github.com/repos/{repo}/pulls/{number}", timeout=20) as r:
-            meta = json.load(r)
-        with urllib.request.urlopen(f"https://github.com/{repo}/pull/{number}.patch", timeout=60) as r:
-            data = r.read()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise KvforgeError(f"PR {spec}: cannot reach GitHub ({getattr(exc, 'reason', exc)}); download "
-                           f"https://github.com/{repo}/pull/{number}.patch and pick the file", EXIT_NETWORK) from None
-    with tempfile.NamedTemporaryFile(suffix=".patch", dir=cache.root, delete=False) as fh:
-        fh.write(data)
-    try:
-        change = from_mbox(Path(fh.name), comp)
-    finally:
-        os.unlink(fh.name)
-    change.source = f"{repo}#{number}"
-    change.pr_url = f"https://github.com/{repo}/pull/{number}"
-    change.pr_open = not meta.get("merged_at")
-    if meta.get("merge_commit_sha") and not change.pr_open:
-        change.commits = [meta["merge_commit_sha"]]
-    change.subject = meta.get("title") or change.subject
-    change.body = (meta.get("body") or "").strip() or change.body
-    return change
-
-
-def load_source(source: str, repo_dir: Path | None, component: str | None, cache: Cache, say: Progress) -> Change:
-    if repo_dir is not None:
-        return from_repo(repo_dir, source, component)
-    if Path(source).expanduser().is_file():
-        return from_mbox(Path(source).expanduser(), component)
-    if re.match(r"^\d+$", source) or PR_URL.match(source):
-        return from_pr(source, component, cache, say)
-    raise KvforgeError(f"SOURCE {source!r}: not a file, a PR number or URL; for a commit of a clone use "
-                       "--repo DIR REV", EXIT_USAGE)
-
-
-# ---------------------------------------------------------------- the header
-
-
-def default_fix_id(subject: str) -> str:
-    s = re.sub(r"\[[^\]]*\]", " ", subject)
-    s = re.sub(r"\(#\d+\)", " ", s)
-    slug = re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
-    while len(slug) > 48 and "-" in slug:
-        slug = slug.rsplit("-", 1)[0]
-    return slug or "upstream-fix"
-
-
-def _fold(key: str, text: str, width: int = 76) -> list[str]:
-    words = text.split()
-    lines, cur = [], f"{key}:"
-    for w in words:
-        if len(cur) + 1 + len(w) > width and cur.strip() != f"{key}:":
-            lines.append(cur)
-            cur = " " + w
-        else:
-            cur += " " + w
-    lines.append(cur)
-    return lines
-
-
-def checks_of(diff: bytes) -> list[str]:
-    """The test functions the change adds or modifies (a +/- line inside them): pytest node ids path::name."""
-    out: list[str] = []
-    path = None
-    current: str | None = None
-    for line in diff.decode("utf-8", "replace").splitlines():
-        if line.startswith("diff --git "):
-            m = re.match(r"^diff --git a/\S+ b/(\S+)", line)
-            path = m.group(1) if m and upstream.is_test_path(m.group(1)) and m.group(1).endswith(".py") else None
-            current = None
-            continue
-        if path is None or line.startswith(("---", "+++")):
-            continue
-        if line.startswith("@@"):
-            m = re.match(r"^@@ [^@]* @@ (?:async )?def (test_\w+)\(", line)
-            current = m.group(1) if m else None
-            continue
-        body = line[1:]
-        m = re.match(r"^(?:async )?def (\w+)\(", body)
-        if m or re.match(r"^(class |@|\S)", body):
-            current = m.group(1) if m and m.group(1).startswith("test_") else None
-            if m and line.startswith("+") and current:
-                out.append(f"{path}::{current}")
-            continue
-        if line[:1] in "+-" and body.strip() and current:
-            out.append(f"{path}::{current}")
-    return list(dict.fromkeys(out))
-
-
-def drop_when(change: Change) -> str:
-    if change.first_release:
-        return f"version >= {change.first_release}"
-    if change.commits and not change.pr_open:
-        return f"base-contains {change.commits[-1][:12]}"
-    if change.pr_url:
-        return f"upstream-pr-merged {change.pr_url}"
-    return "never (no upstream commit or PR known for it)"
-
-
-def annotated(change: Change, fix_id: str, checks: list[str], signoff: str) -> bytes:
-    """The change as a format-patch file with kvforge's header (git am reads it; export re-writes it)."""
-    kind = "fix" if checks else "refactor"
-    where = ", ".join(x for x in (change.pr_url, change.commits[-1][:12] if change.commits else None) if x)
-    if change.pr_open:
-        status = "Pending"
-    elif where:
-        status = f"Backport [{where}]"
-    else:
-        status = "Pending"
-    why = (re.split(r"\n\s*\n", change.body)[0] if change.body else "") or change.subject
-    why = re.sub(r"^#+\s*\w[\w ]*\n", "", why.strip()).strip() or change.subject  # a PR template's "## Purpose"
-    trailers = [f"Fix-Id: {fix_id}", f"Kind: {kind}", f"Upstream-Status: {status}"]
-    if change.pr_url:
-        trailers.append(f"Upstream-PR: {change.pr_url}")
-    trailers += [f"Upstream-Commit: {c[:12]}" for c in change.commits[-1:] if not change.pr_open]
-    trailers += _fold("Why", why)
-    trailers.append(f"Drop-When: {drop_when(change)}")
-    trailers += [f"Checks: {c}" for c in checks]
-    signs = list(dict.fromkeys(change.signoffs + [f"Signed-off-by: {signoff}"]))
-    trailers += signs
-    body = change.body.replace("\n---\n", "\n- - -\n")
-    subject = change.subject.replace("\n", " ")
-    msg = f"{subject}\n\n" + (body + "\n\n" if body else "") + "\n".join(trailers) + "\n"
-    head = f"From {ZERO} Mon Sep 17 00:00:00 2001\nFrom: {change.author}\nDate: {change.date}\nSubject: [PATCH] "
-    return (head + msg.split("\n", 1)[0] + "\n\n" + msg.split("\n\n", 1)[1] + "---\n").encode("utf-8") + change.diff
-
-
-def carrier(root: Path, given: str | None) -> str:
-    """Name <email> of whoever carries the patch: --signoff, else git's committer identity at the project."""
-    if given:
-        ident = given
-    else:
-        name = gitutil.run(root, "config", "user.name", check=False).stdout.strip()
-        email = gitutil.run(root, "config", "user.email", check=False).stdout.strip()
-        ident = f"{name} <{email}>" if name and email else ""
-    if not re.match(r"^.+ <[^<>@\s]+@[^<>\s]+>$", ident):
-        raise KvforgeError("no identity for Signed-off-by: set git's user.name and user.email, or pass "
-                           "--signoff 'Name <email>'", EXIT_USAGE)
-    return ident
-
 
 # ---------------------------------------------------------------- per target
 
-
-@dataclass
-class Row:
-    target: str
-    component: str
-    verdict: str
-    detail: str = ""
-    signals: list[dict[str, Any]] = field(default_factory=list)
-    patch: str | None = None  # the file name in the series
-    commit: str | None = None  # the picked commit (kvforge's repository, or the user's tree once resolved)
-    repo: str | None = None  # the repository holding `commit`
-    tree: str | None = None  # the user's tree left at the conflict
-    tree_head: str | None = None  # its HEAD before the pick (base + series)
-    conflicts: list[str] = field(default_factory=list)
-    prerequisites: list[str] = field(default_factory=list)
-    checks: list[str] = field(default_factory=list)
-    proof: str = "-"
-    evidence: dict[str, Any] | None = None  # --verify: the picked patch's Checks before/after and the regression
-    position: int | None = None  # --after: the picked patch's place in the new series (1-based); None: appended
-    rewrites: dict[str, str] = field(default_factory=dict)  # --after: later patches re-exported (name -> base64)
-    seconds: float = 0.0  # what the upstream signals cost on this target
-    data: str | None = None  # base64 of the patch file to write
-
-    @property
-    def label(self) -> str:
-        return f"{self.target}/{self.component}"
-
-    def public(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("data")
-        return d
 
 
 def _patch_id(raw: bytes) -> str | None:
@@ -677,19 +331,6 @@ def state_path(cache: Cache, root: Path) -> Path:
     return cache.root / "pick" / key / "state.json"
 
 
-def dir_digest(d: Path) -> str:
-    h = hashlib.sha256()
-    if d.is_dir():
-        for p in sorted(d.iterdir()):
-            if p.is_file():
-                h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def file_digest(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
-
-
 def _save_state(path: Path, result: PickResult, rows: list[Row], digests: dict[str, str]) -> None:
     data = {"fix_id": result.fix_id, "source": result.source, "subject": result.subject,
             "upstream": result.upstream, "verify": result.verify, "digests": digests,
@@ -708,174 +349,6 @@ def _load_state(path: Path) -> dict[str, Any] | None:
                            "(your trees stay)", EXIT_USAGE) from None
 
 
-# ---------------------------------------------------------------- writing: every directory, or none
-
-
-def _in_base_text(text: str, component: str, fix_id: str, reason: str) -> str:
-    """The target file with an in_base entry for `component`, inserted at the end of that component's tables."""
-    lines = text.splitlines(keepends=True)
-    starts = [k for k, ln in enumerate(lines) if ln.strip() == "[[components]]"]
-    cut = None
-    for n, k in enumerate(starts):
-        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
-        if any(re.match(rf'^name\s*=\s*"{re.escape(component)}"\s*$', ln.strip()) for ln in lines[k:end]):
-            cut = end
-            break
-    if cut is None:
-        raise KvforgeError(f"target file has no component {component!r}", EXIT_USAGE)
-    if cut < len(lines):  # before the blank and comment lines that lead into the next component
-        while cut > 0 and (lines[cut - 1].strip() == "" or lines[cut - 1].lstrip().startswith("#")):
-            cut -= 1
-    block = f'\n[[components.in_base]]\nfix_id = "{fix_id}"\nreason = {json.dumps(reason)}\n'
-    if cut < len(lines) and lines[cut].strip() != "":
-        block += "\n"
-    head = "".join(lines[:cut])
-    if head and not head.endswith("\n"):
-        head += "\n"
-    new = head + block + "".join(lines[cut:])
-    doc = tomllib.loads(new)  # a reason with a quote or a newline must still parse
-    entry = next(c for c in doc["components"] if c.get("name") == component)
-    if fix_id not in [e.get("fix_id") for e in entry.get("in_base", [])]:
-        raise KvforgeError(f"could not add in_base {fix_id} for {component}", EXIT_USAGE)
-    return new
-
-
-@dataclass
-class Plan:
-    """What the write step changes: series directory -> its complete new files; target file -> text."""
-
-    dirs: dict[str, dict[str, bytes]] = field(default_factory=dict)
-    keep: dict[str, list[str]] = field(default_factory=dict)  # sub-directories kept as they are
-    targets: dict[str, str] = field(default_factory=dict)
-
-
-def build_plan(rows: list[Row], fix_id: str, upstream_info: dict[str, Any]) -> Plan:
-    plan = Plan()
-    for r in rows:
-        t = load_target(r.target)
-        comp = t.component(r.component)
-        if r.verdict in WRITTEN and r.data:
-            d = comp.series_dir
-            files = plan.dirs.setdefault(str(d), {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()})
-            plan.keep.setdefault(str(d), [p.name for p in sorted(d.iterdir()) if p.is_dir()])
-            assert r.patch is not None
-            files[r.patch] = base64.b64decode(r.data)
-            files.update({name: base64.b64decode(b) for name, b in r.rewrites.items()})
-            listing = seriesdir.read_listing(d)
-            names = list(listing.names if listing else [])
-            names.insert(len(names) if r.position is None else r.position - 1, r.patch)
-            files[seriesdir.SERIES_FILE] = seriesdir.listing_text(listing, names, {n: n for n in names}).encode()
-        elif r.verdict == "present" and fix_id not in {e.fix_id for e in comp.in_base}:
-            where = ", ".join(x for x in (upstream_info.get("pr"), upstream_info.get("commit")) if x) or "upstream"
-            fired = [s["name"] for s in r.signals if s["fired"]]
-            reason = f"{where} (kvforge pick: {', '.join(fired) or r.detail})"
-            path = str(t.path)
-            plan.targets[path] = _in_base_text(plan.targets.get(path) or t.path.read_text(encoding="utf-8"),
-                                               comp.name, fix_id, reason)
-    return plan
-
-
-@contextlib.contextmanager
-def _locked(dirs: list[Path], say: Progress) -> Iterator[None]:
-    """The lock of every series directory's parent (seriesdir.locked), in a fixed order."""
-    parents: dict[Path, Path] = {}
-    for d in dirs:
-        parents.setdefault(d.parent.resolve(), d)
-    with contextlib.ExitStack() as stack:
-        for p in sorted(parents):
-            stack.enter_context(seriesdir.locked(parents[p], say, display_path))
-        yield
-
-
-def _journal(root: Path) -> Path:
-    return root / "patches" / JOURNAL
-
-
-def _tx(d: Path, say: Progress) -> seriesdir.Transaction:
-    return seriesdir.Transaction(d, say, "pick", lint_directory, display_path)
-
-
-def recover(root: Path, say: Progress) -> dict[str, Any] | None:
-    """Finish a write a kill interrupted (a journal is there: roll forward, and the stopped pick's state it
-    wrote is removed), else roll staged leftovers back. The finished write's summary, or None."""
-    journal = _journal(root)
-    patches = root / "patches"
-    candidates = sorted({patches / n.split(".kvforge-")[0].lstrip(".") for n in os.listdir(patches)
-                         if n.startswith(".") and ".kvforge-" in n and n != JOURNAL}) if patches.is_dir() else []
-    if not journal.exists() and not candidates:
-        return None
-    with _locked([patches / "x"], say):
-        if not journal.exists():
-            for d in candidates:
-                _tx(d, say).recover()
-            return None
-        data = json.loads(journal.read_text(encoding="utf-8"))
-        for d, files in data["dirs"].items():
-            new = {n: base64.b64decode(b) for n, b in files.items()}
-            _write_dir(Path(d), new, data["keep"].get(d, []), say, staged_ok=True)
-        for path, text in data["targets"].items():
-            if Path(path).read_text(encoding="utf-8") != text:
-                atomic_write_text(Path(path), text)
-        if data.get("state"):
-            Path(data["state"]).unlink(missing_ok=True)
-        journal.unlink()
-        say("finished a pick that was interrupted while writing")
-        return dict(data.get("summary") or {})
-
-
-def _write_dir(d: Path, files: dict[str, bytes], keep: list[str], say: Progress, staged_ok: bool) -> None:
-    want = hashlib.sha256()
-    for n in sorted(files):
-        want.update(n.encode() + b"\0" + files[n] + b"\0")
-    tx = _tx(d, say)
-    if dir_digest(d) == want.hexdigest():
-        tx.recover()
-        return
-    staged = tx.staged()
-    if not (staged_ok and staged is not None and dir_digest(staged) == want.hexdigest()):
-        tx.recover()
-        tx.stage(files, keep=keep)
-    tx.commit()
-
-
-def commit_all(root: Path, plan: Plan, digests: dict[str, str], say: Progress, state: Path | None = None,
-               summary: dict[str, Any] | None = None) -> list[str]:
-    """Write every series directory and target file of `plan`, all or nothing (the module docstring)."""
-    if not plan.dirs and not plan.targets:
-        return []
-    dirs = [Path(d) for d in plan.dirs]
-    with _locked(dirs or [root / "patches" / "x"], say):
-        crashpoint("pick:locked")
-        for path, want in digests.items():
-            p = Path(path)
-            if (dir_digest(p) if p.is_dir() else file_digest(p)) != want:
-                raise KvforgeError(f"{display_path(p)} changed since the pick read it; nothing was written "
-                                   "(`kvforge pick --abort` and pick again)", EXIT_USAGE)
-        txs = []
-        for d in dirs:
-            tx = _tx(d, say)
-            tx.recover()
-            tx.stage(plan.dirs[str(d)], keep=plan.keep.get(str(d), []))
-            txs.append(tx)
-        crashpoint("pick:all-staged")
-        doc = {"dirs": {d: {n: base64.b64encode(b).decode() for n, b in f.items()} for d, f in plan.dirs.items()},
-               "keep": plan.keep, "targets": plan.targets, "state": str(state) if state else None,
-               "summary": summary or {}}
-        atomic_write_bytes(_journal(root), json.dumps(doc).encode())
-        crashpoint("pick:journal-written")
-        for tx in txs:
-            tx.commit()
-            crashpoint("pick:dir-swapped")
-        for path, text in plan.targets.items():
-            atomic_write_text(Path(path), text)
-        crashpoint("pick:targets-written")
-        if state is not None:
-            state.unlink(missing_ok=True)
-        _journal(root).unlink()
-        crashpoint("pick:done")
-    return [display_path(Path(d)) for d in plan.dirs] + [display_path(Path(p)) for p in plan.targets]
-
-
 # ---------------------------------------------------------------- the command
 
 
@@ -892,16 +365,6 @@ def _contexts(cache: Cache, component: str, targets: list[str] | None, progress:
                                EXIT_USAGE)
     if not out:
         raise KvforgeError(f"no target has the component {component!r}", EXIT_USAGE)
-    return out
-
-
-def _digests(rows: list[Row]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for r in rows:
-        t = load_target(r.target)
-        d = t.component(r.component).series_dir
-        out[str(d)] = dir_digest(d)
-        out[str(t.path)] = file_digest(t.path)
     return out
 
 
@@ -943,9 +406,14 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
     root = project_root()
     spath = state_path(cache, root)
     with file_lock(spath.parent.parent / f"{spath.parent.name}.lock", progress, "the pick state"):
-        finished = None if dry_run else recover(root, progress)
+        if not dry_run:
+            recover(root, progress)
         state = _load_state(spath)
-        if finished and state is None and action == "continue":
+        finished = written_by(state) if state is not None and not dry_run else None
+        if finished is not None:  # its write was finished (by whichever command came first): the pick is over
+            spath.unlink(missing_ok=True)
+            state = None
+        if finished is not None and action == "continue":
             res = PickResult(finished.get("fix_id", "?"), finished.get("source", "?"), finished.get("subject", ""),
                              finished.get("upstream", {}), [Row(**r) for r in finished.get("rows", [])], "written")
             res.notes = ["an interrupted write of this pick was finished now"]
@@ -976,7 +444,7 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
         info = {"pr": change.pr_url, "commit": change.commits[-1][:12] if change.commits else None,
                 "first_release": change.first_release, "open": change.pr_open, "paths": change.paths}
         result = PickResult(fid, change.source, change.subject, info, [], "stopped", verify=verify)
-        result.digests = _digests([Row(c.target.name, c.component.name, "") for c in ctxs])
+        result.digests = digests_of([Row(c.target.name, c.component.name, "") for c in ctxs])
         t0 = time.monotonic()
         scratch = cache.trees / ".work"
         scratch.mkdir(parents=True, exist_ok=True)
@@ -1079,9 +547,9 @@ def _continue(cache: Cache, root: Path, spath: Path, state: dict[str, Any], excl
     result = PickResult(state["fix_id"], state["source"], state["subject"], state["upstream"], rows, "stopped",
                         verify=verify or state.get("verify", False))
     result.digests = state["digests"]
-    now = _digests(rows)
+    now = digests_of(rows)
     changed = [k for k, v in state["digests"].items() if now.get(k) != v]
     if changed:
-        raise KvforgeError(f"{display_path(Path(changed[0]))} changed since the pick read it; nothing was written "
-                           "(`kvforge pick --abort` and pick again)", EXIT_USAGE)
+        raise KvforgeError(f"{display_path(Path(changed[0]))} changed since the pick read it; nothing was written"
+                           + CHANGED_HINT, EXIT_USAGE)
     return _finish(cache, root, spath, result, dry_run, progress, start)

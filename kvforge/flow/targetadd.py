@@ -14,11 +14,12 @@ before every patch of every component is decided; a conflict stops (exit 3) with
 `--continue` takes the resolution, `--abort` removes the state (the project was never touched).
 
 Commit. The target file and the new series directories did not exist (checked at the start and again here).
-The state records phase "committing" with the target file's text; each series directory is written through
-kvforge.seriesdir's transaction (staged, linted, renamed in) and its digest recorded; the target file is
-written last (one rename): a target appears only with all its series. A kill in between is finished by
-`--continue` (idempotent: a directory already holding what was staged is kept) or undone by `--abort` (only
-files whose bytes are this command's own output are removed).
+One transaction of the project (kvforge.project.transaction) stages every series directory (linted) and the
+target file's bytes; the state records phase "committing" with the target file's text and each directory's
+digest; then the transaction commits: a target appears only with all its series. A kill is finished (past
+the transaction's commit point) or undone by the next kvforge command that writes the project; `--continue`
+then sees the target written (or writes it again), and `--abort` takes back, in one transaction, only the
+files whose bytes are still this command's own output.
 """
 
 from __future__ import annotations
@@ -40,15 +41,14 @@ from kvforge.core.cache import Cache
 from kvforge.git.context import Context, Progress, quiet
 from kvforge.core.errors import EXIT_APPLY, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import atomic_write_text, crashpoint, file_lock
+from kvforge.project.transaction import ABSENT, dir_digest, file_digest, open_transaction, text_digest
 from kvforge.flow.rebase.commit import stage_series
 from kvforge.flow.rebase.onto import RELEASE_RE, Candidate, matching_release, release_pins, release_ref
 from kvforge.flow.rebase.retarget import complete_component, render_target, selection_comments
-from kvforge.flow.rebase.state import (Digests, Plan, State, StopKind, Step, dir_digest, file_digest, load, project_id, save,
-                           state_dir)
+from kvforge.flow.rebase.state import Digests, Plan, State, StopKind, Step, load, project_id, save, state_dir
 from kvforge.flow.rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 from kvforge.core.render import table
 from kvforge.proof.selection import scan_target
-from kvforge.project.series import lint_directory
 from kvforge.project.targets import Component, Release, Target, display_path, load_all, load_target, parse_target, \
     project_root, target_name_problem
 from kvforge.git.trees import open_stack
@@ -319,16 +319,19 @@ def add_abort(cache: Cache, name: str | None = None, progress: Progress = quiet)
                                    "unreadable and is removed); targets/ and patches/ were not touched")
         new_target = _target_of(ta, root)
         kept: list[str] = []
-        if ta.phase == "committing":
+        if ta.phase == "committing":  # what its transaction wrote (finished now if a kill cut it) is taken back
             tfile = root / "targets" / f"{name}.toml"
-            if tfile.is_file() and tfile.read_text(encoding="utf-8") == ta.final_text:
-                tfile.unlink()
-            for c in new_target.components:
-                digest = ta.series_digests.get(c.name)
-                if digest and dir_digest(c.series_dir) == digest:
-                    shutil.rmtree(c.series_dir)
-                elif c.series_dir.exists() and any(c.series_dir.iterdir()):
-                    kept.append(display_path(c.series_dir))
+            with open_transaction(root, "targetadd", progress,
+                                  dirs=[c.series_dir for c in new_target.components]) as tx:
+                if file_digest(tfile) == text_digest(ta.final_text):
+                    tx.remove_file(tfile, read=text_digest(ta.final_text))
+                for c in new_target.components:
+                    digest = ta.series_digests.get(c.name)
+                    if digest and dir_digest(c.series_dir) == digest:
+                        tx.remove_dir(c.series_dir, read=digest)
+                    elif c.series_dir.exists() and any(c.series_dir.iterdir()):
+                        kept.append(display_path(c.series_dir))
+                tx.commit()
         _discard(cache, ta, new_target)
         msg = f"target add of {name} aborted: targets/ and patches/ are as they were"
         if kept:
@@ -618,53 +621,51 @@ def _header(ta: AddState) -> list[str]:
 
 def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State], selections: dict[str, dict],
             progress: Progress) -> list[str]:
-    """Write every series directory, then the target file (see the module docstring); idempotent after a kill."""
+    """Write every series directory and the target file in one transaction (see the module docstring); after a
+    kill, what a finished transaction wrote is kept and an undone one is written again."""
     root = Path(ta.root)
     tfile = root / "targets" / f"{ta.name}.toml"
-    if ta.phase != "committing":
-        comments = {c.name: selection_comments(c, selections.get(c.name, {}), ta.from_target, ta.name,
-                                               ta.upstream.get(c.name)) for c in final.components}
-        ta.final_text = render_target(final, root, _header(ta), comments)
+    written = [display_path(c.series_dir) for c in final.components] + [display_path(tfile)]
+    with open_transaction(root, "targetadd", progress, dirs=[c.series_dir for c in final.components]) as tx:
+        if ta.phase == "committing" and file_digest(tfile) == text_digest(ta.final_text) and all(
+                dir_digest(c.series_dir) == ta.series_digests.get(c.name) for c in final.components):
+            return written
+        if ta.phase != "committing":
+            comments = {c.name: selection_comments(c, selections.get(c.name, {}), ta.from_target, ta.name,
+                                                   ta.upstream.get(c.name)) for c in final.components}
+            ta.final_text = render_target(final, root, _header(ta), comments)
+        if tfile.exists():
+            raise KvforgeError(f"{display_path(tfile)} appeared since the target add of {ta.name} started; nothing "
+                               f"more was written (`kvforge target add --abort --as {ta.name}` removes what it "
+                               "wrote)", EXIT_USAGE)
+        for c in final.components:
+            dest = c.series_dir
+            if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+                raise KvforgeError(f"{display_path(dest)} appeared since the target add of {ta.name} started; it is "
+                                   f"left as it is and nothing more was written (`kvforge target add --abort --as "
+                                   f"{ta.name}` removes what it wrote)", EXIT_USAGE)
+        for c in final.components:
+            st = states.get(c.name)
+            dest = c.series_dir
+            read = dir_digest(dest)  # absent, or an empty directory (_check_name)
+            ta.series_digests[c.name] = (stage_series(tx, st, dest, read=read) if st is not None
+                                         else tx.stage_dir(dest, {seriesdir.SERIES_FILE: b""}, read=read))
+        if ta.try_cpu and ta.phase != "committing":
+            final = _try_new_modules(cache, ta, final, selections, progress,
+                                     {c.name: tx.staged_copy(c.series_dir) for c in final.components})
+        tx.stage_file(tfile, ta.final_text.encode("utf-8"), read=ABSENT)
         ta.phase = "committing"
-        _save(cache, ta)
-        crashpoint("targetadd:committing")
-    if tfile.exists() and not (tfile.is_file() and tfile.read_text(encoding="utf-8") == ta.final_text):
-        raise KvforgeError(f"{display_path(tfile)} appeared since the target add of {ta.name} started; nothing more "
-                           f"was written (`kvforge target add --abort --as {ta.name}` removes what it wrote)",
-                           EXIT_USAGE)
-    written = []
-    for c in final.components:
-        st = states.get(c.name)
-        dest = c.series_dir
-        digest = ta.series_digests.get(c.name)
-        if digest and dir_digest(dest) == digest:
-            written.append(display_path(dest))
-            continue
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise KvforgeError(f"{display_path(dest)} appeared since the target add of {ta.name} started; it is left "
-                               f"as it is and nothing more was written (`kvforge target add --abort --as {ta.name}` "
-                               "removes what it wrote)", EXIT_USAGE)
-        with seriesdir.transaction(dest, progress, crash="targetadd", lint=lint_directory, show=display_path) as tx:
-            staged = stage_series(tx, st) if st is not None else tx.stage({seriesdir.SERIES_FILE: b""})
-            ta.series_digests[c.name] = dir_digest(staged)
-            _save(cache, ta)
-            tx.commit()
-        written.append(display_path(dest))
-        crashpoint("targetadd:series-written")
-    if ta.try_cpu and not tfile.is_file():
-        _try_new_modules(cache, ta, final, selections, progress)
-    if not tfile.is_file():
-        atomic_write_text(tfile, ta.final_text)
-    crashpoint("targetadd:target-written")
-    return [*written, display_path(tfile)]
+        _save(cache, ta)  # what the next run compares the project with
+        tx.commit()
+    return written
 
 
-def _try_new_modules(cache: Cache, ta: AddState, final: Target, selections: dict[str, dict],
-                     progress: Progress) -> None:
+def _try_new_modules(cache: Cache, ta: AddState, final: Target, selections: dict[str, dict], progress: Progress,
+                     staged: dict[str, Path]) -> Target:
     """--try: run the modules the rescan found new in the release on the new base in the component's CPU test
-    environment (kvforge.selection.scan_target with try_cpu, which `kvforge test --scan --try` runs; the series
-    directories are written by now, the target file not yet); those that run join the CPU selection. The target
-    file's text is recorded again before it is written."""
+    environment (kvforge.selection.scan_target with try_cpu, which `kvforge test --scan --try` runs), on the
+    staged series (`staged`: component -> its staged copy; nothing is written to the project yet); those that
+    run join the CPU selection. The target file's text is rendered again; returns the target with them."""
     root = Path(ta.root)
     comps = []
     for c in final.components:
@@ -673,7 +674,8 @@ def _try_new_modules(cache: Cache, ta: AddState, final: Target, selections: dict
             comps.append(c)
             continue
         # What the old release's scan found and its target left out counts as covered: only the new modules are tried.
-        probe = replace(c, tests={**c.tests, "cpu": (*c.tests["cpu"], *rep.get("judged_before", []))})
+        probe = replace(c, tests={**c.tests, "cpu": (*c.tests["cpu"], *rep.get("judged_before", []))},
+                        series_dir=staged.get(c.name, c.series_dir))
         progress(f"{c.name}: trying {len(rep['unlisted'])} modules new in {c.release.version} on CPU (--try)")
         trials = scan_target(Context(cache, replace(final, components=(probe,)), probe, source="sdist",
                                      progress=progress), try_cpu=True).trials
@@ -686,7 +688,7 @@ def _try_new_modules(cache: Cache, ta: AddState, final: Target, selections: dict
     comments = {c.name: selection_comments(c, selections.get(c.name, {}), ta.from_target, ta.name,
                                            ta.upstream.get(c.name)) for c in final.components}
     ta.final_text = render_target(final, root, _header(ta), comments)
-    _save(cache, ta)
+    return final
 
 
 def _discard(cache: Cache, ta: AddState, new: Target) -> None:

@@ -1,33 +1,30 @@
-"""The series directory: its `series` file syntax, and replacing it all or nothing.
+"""The series directory: its `series` file syntax, and the steps that replace one all or nothing.
 
 Owns (the only module that does): the syntax of the `series` file (one patch file name per line,
 '#' starts a comment; read by `read_listing`/`parse_listing`, written by `listing_text`; kvforge.series
-reads it through `parse_listing`), the directory's lock, recovery after a kill, staging, and the swap.
-`kvforge export` and the commit step of `kvforge rebase` both write a series only through `transaction`.
+reads it through `parse_listing`), the directory's lock, the names beside it, staging one directory,
+swapping it in, and putting a directory back that a killed swap left missing. kvforge.project.transaction
+drives these steps for every write to patches/ and targets/ (one journal, one commit point); this module
+never decides when a step runs, and fires no crash point itself (the transaction passes its `crash` hook).
 
-Transaction. For series directory D in parent P (the names below are siblings of D in P):
-  1. lock P (flock on the directory: one writer of a directory at a time) and recover (4.);
-  2. `Transaction.stage` computes every file into P/.D.kvforge-tmp-<pid>-<rand> (a file whose bytes
-     D already has and the files kept are hard links to D's, so they keep bytes, mode and mtime),
-     fsyncs, and lints it there with the series reader (kvforge.series, passed in as `lint`): on any
-     problem it is deleted and D is untouched; then it is renamed to P/.D.kvforge-new (from now on a
-     complete series);
-  3. `Transaction.commit` swaps:
-     - Linux: renameat2(RENAME_EXCHANGE) exchanges D and .D.kvforge-new in one step;
-     - elsewhere, or where the file system refuses the exchange: rename D to P/.D.kvforge-old,
-       then .D.kvforge-new to D;
-     - D did not exist (a new --out): rename .D.kvforge-new to D;
-     then renames the old contents to P/.D.kvforge-trash-<pid>-<rand> and deletes them.
-  4. recovery (every transaction, under the lock; readers call `recover`): if D is missing,
-     rename .D.kvforge-new to D (roll forward), else .D.kvforge-old to D (roll back); then every
-     other P/.D.kvforge-* is garbage: renamed to a trash name and deleted.
+For series directory D in parent P (the names below are siblings of D in P):
+  - `stage` computes every file into P/.D.kvforge-tmp-<pid>-<rand> (a file whose bytes D already has and
+    the files kept are hard links to D's, so they keep bytes, mode and mtime), fsyncs, and lints it there
+    with the series reader (kvforge.series, passed in as `lint`): on any problem it is deleted and D is
+    untouched;
+  - `make_ready` renames it to P/.D.kvforge-new (from now on a complete series);
+  - `swap_in` swaps: Linux: renameat2(RENAME_EXCHANGE) exchanges D and .D.kvforge-new in one step;
+    elsewhere, or where the file system refuses the exchange: rename D to P/.D.kvforge-old, then
+    .D.kvforge-new to D; D did not exist (a new --out): rename .D.kvforge-new to D;
+  - `retire` renames a leftover to P/.D.kvforge-trash-<pid>-<rand> and deletes it;
+  - `recover_dir` (under the lock): if D is missing, rename .D.kvforge-new to D (roll forward), else
+    .D.kvforge-old to D (roll back); then every other P/.D.kvforge-* is garbage and is retired.
 
 Invariants: .D.kvforge-new and .D.kvforge-old only ever name complete series directories, and
 tmp-*/trash-* entries are garbage. D always names the complete old series (or nothing, for a new
 --out) or the complete new one, except in the fallback's window between its two renames (no
 RENAME_EXCHANGE), where D is absent and both complete versions exist under those fixed names,
-which step 4 turns back into D. A SIGKILL at any step boundary (fsutil.crashpoint("<caller>:<step>"),
-<caller> "export" or "rebase", see CRASH_STEPS) leaves nothing else.
+which `recover_dir` turns back into D (what every reader of a series calls through `recover`).
 """
 
 from __future__ import annotations
@@ -46,11 +43,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
-from kvforge.core.fsutil import crashpoint, file_lock
+from kvforge.core.fsutil import file_lock
 
-# Step boundaries where $KVFORGE_CRASH_AT=<caller>:<step> kills a transaction (tests); "swap-aside" is the
-# fallback's. "locked" fires on entering the transaction, "staging".."ready" in stage, the rest in commit.
-CRASH_STEPS = ("locked", "staging", "staged", "ready", "swap-aside", "swapped", "cleanup", "done")
 SERIES_FILE = "series"
 
 
@@ -158,6 +152,7 @@ class Problem(Protocol):
 Lint = Callable[[Path], Sequence[Problem]]
 Say = Callable[[str], None]
 Show = Callable[[Path], str]  # how messages show a path (targets.display_path; not imported: no cycle)
+Crash = Callable[[str], None]  # the transaction's crash hook: called with a step name at each boundary
 
 
 def sibling(dest: Path, what: str) -> Path:
@@ -165,131 +160,71 @@ def sibling(dest: Path, what: str) -> Path:
     return dest.parent / f".{dest.name}.kvforge-{what}"
 
 
-class Transaction:
-    """One replacement of a series directory; made by `transaction`, which holds the lock."""
-
-    def __init__(self, dest: Path, say: Say, crash: str, lint: Lint, show: Show):
-        self.dest = dest
-        self.say = say
-        self.show = show
-        self.crash = crash
-        self.lint = lint
-        self.new = sibling(dest, "new")
-
-    def _crashpoint(self, step: str) -> None:
-        crashpoint(f"{self.crash}:{step}")
-
-    def recover(self) -> None:
-        """Finish or undo a transaction that was killed, delete leftovers (the lock is held)."""
-        _recover(self.dest, self.say, self.show)
-
-    def staged(self) -> Path | None:
-        """The complete new series an earlier, killed transaction left at .D.kvforge-new (before recover)."""
-        return self.new if self.new.is_dir() else None
-
-    def stage(self, files: Mapping[str, bytes], keep: Sequence[str] = (), keep_from: Path | None = None,
-              blame: Mapping[str, str] | None = None) -> Path:
-        """Write `files` (name -> bytes, in order) and the entries `keep` of `keep_from` (default D) into a
-        temporary sibling, lint it, and make it .D.kvforge-new; return that path. On any problem nothing is
-        left and D is untouched: a lint problem is a KvforgeError naming the file (and `blame[name]`)."""
-        dest = self.dest
-        source = dest if keep_from is None else keep_from
-        made = _make_parents(dest.parent)
-        tmp = sibling(dest, f"tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            os.mkdir(tmp)
-            if dest.is_dir():
-                os.chmod(tmp, dest.stat().st_mode & 0o7777)
-            first = True
-            for name, data in files.items():
-                old = dest / name
-                if old.is_file() and not old.is_symlink() and old.read_bytes() == data:
-                    _link_or_copy(old, tmp / name)
-                else:
-                    _write_file(tmp / name, data)
-                if first:
-                    self._crashpoint("staging")
-                    first = False
-            for name in keep:
-                _copy_entry(source / name, tmp / name)
-            fsync_dir(tmp)
-            self._check(tmp, blame or {})
-        except BaseException as exc:
-            _discard(tmp)
-            for d in reversed(made):
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
-            if isinstance(exc, OSError):
-                raise cannot_write(dest, exc, self.show) from None
-            raise
-        self._crashpoint("staged")
-        try:
-            if self.new.exists():
-                _retire(dest, self.new)
-            os.rename(tmp, self.new)
-            fsync_dir(dest.parent)
-        except OSError as exc:
-            _discard(tmp)
-            raise cannot_write(dest, exc, self.show) from None
-        self._crashpoint("ready")
-        return self.new
-
-    def commit(self) -> None:
-        """Swap the staged series in for D, then delete the old contents and every other leftover."""
-        dest = self.dest
-        try:
-            old = _swap(self.new, dest, self._crashpoint)
-        except OSError as exc:
-            if self.new.exists():
-                _retire(dest, self.new)
-            raise cannot_write(dest, exc, self.show) from None
-        fsync_dir(dest.parent)
-        self._crashpoint("swapped")
-        if old is None:
-            self._crashpoint("cleanup")
-        else:
-            _retire(dest, old, crash_step=f"{self.crash}:cleanup")
-        _recover(dest, self.say, self.show)  # an .old a killed fallback swap left beside D, when D was missing
-        self._crashpoint("done")
-
-    def _check(self, tmp: Path, blame: Mapping[str, str]) -> None:
-        problems = self.lint(tmp)
-        if not problems:
-            return
-        first = problems[0]
-        where = self.show(self.dest / first.path.name) + (f":{first.line}" if first.line else "")
-        whose = blame.get(first.path.name, "")
-        more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
-        raise KvforgeError(f"export refused, nothing written: {where}: {first.message}{whose}{more}", EXIT_USAGE)
+def _no_crash(_step: str) -> None:
+    pass
 
 
-@contextmanager
-def transaction(dest: Path, say: Say, *, crash: str, lint: Lint, show: Show = str,
-                recover: bool = True) -> Iterator[Transaction]:
-    """Lock D's parent, recover (unless `recover` is False: the caller inspects `staged()` first), and
-    yield the transaction; crashpoint "<crash>:locked" fires once it is ready."""
-    with locked(dest, say, show):
-        tx = Transaction(dest, say, crash, lint, show)
-        if recover:
-            tx.recover()
-        tx._crashpoint("locked")
-        yield tx
+def stage(dest: Path, files: Mapping[str, bytes], *, lint: Lint, show: Show = str, crash: Crash = _no_crash,
+          keep: Sequence[str] = (), keep_from: Path | None = None, blame: Mapping[str, str] | None = None) -> Path:
+    """Write `files` (name -> bytes, in order) and the entries `keep` of `keep_from` (default D) into a
+    temporary sibling P/.D.kvforge-tmp-*, fsync and lint it; return that path. On any problem nothing is left
+    and D is untouched: a lint problem is a KvforgeError naming the file (and `blame[name]`). `crash` gets
+    "staging" after the first file and "staged" once the copy is linted."""
+    source = dest if keep_from is None else keep_from
+    made = _make_parents(dest.parent)
+    tmp = sibling(dest, f"tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(tmp)
+        if dest.is_dir():
+            os.chmod(tmp, dest.stat().st_mode & 0o7777)
+        first = True
+        for name, data in files.items():
+            old = dest / name
+            if old.is_file() and not old.is_symlink() and old.read_bytes() == data:
+                _link_or_copy(old, tmp / name)
+            else:
+                _write_file(tmp / name, data)
+            if first:
+                crash("staging")
+                first = False
+        for name in keep:
+            _copy_entry(source / name, tmp / name)
+        fsync_dir(tmp)
+        _check(dest, tmp, lint, show, blame or {})
+    except BaseException as exc:
+        _discard(tmp)
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise cannot_write(dest, exc, show) from None
+        raise
+    crash("staged")
+    return tmp
 
 
-def cannot_write(dest: Path, exc: OSError, show: Show = str) -> KvforgeError:
-    where = exc.filename or dest
-    return KvforgeError(f"cannot write the series {show(dest)} ({where}): {exc.strerror or exc}; "
-                        "nothing was changed", EXIT_ENV)
+def make_ready(dest: Path, tmp: Path) -> Path:
+    """Rename a staged copy to P/.D.kvforge-new (an older one there is retired first); return that path."""
+    new = sibling(dest, "new")
+    if new.exists():
+        retire(dest, new)
+    os.rename(tmp, new)
+    fsync_dir(dest.parent)
+    return new
 
 
-def _swap(new: Path, dest: Path, crash: Callable[[str], None]) -> Path | None:
-    """Put `new` in place of `dest`; return where the old contents are now (None: there were none)."""
+def swap_in(dest: Path, crash: Crash = _no_crash) -> Path | None:
+    """Put P/.D.kvforge-new in place of D; return where the old contents are now (None: there were none).
+    On an OSError the old series is back at D (or the error says the swap could not be undone)."""
+    new = sibling(dest, "new")
     if not dest.exists():
         os.rename(new, dest)
+        fsync_dir(dest.parent)
         return None
     if exchange(new, dest):
+        fsync_dir(dest.parent)
         return new  # it holds the old contents now
     old = sibling(dest, "old")
     os.rename(dest, old)
@@ -299,7 +234,25 @@ def _swap(new: Path, dest: Path, crash: Callable[[str], None]) -> Path | None:
     except OSError:
         os.rename(old, dest)  # put the old series back before reporting
         raise
+    fsync_dir(dest.parent)
     return old
+
+
+def _check(dest: Path, tmp: Path, lint: Lint, show: Show, blame: Mapping[str, str]) -> None:
+    problems = lint(tmp)
+    if not problems:
+        return
+    first = problems[0]
+    where = show(dest / first.path.name) + (f":{first.line}" if first.line else "")
+    whose = blame.get(first.path.name, "")
+    more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
+    raise KvforgeError(f"export refused, nothing written: {where}: {first.message}{whose}{more}", EXIT_USAGE)
+
+
+def cannot_write(dest: Path, exc: OSError, show: Show = str) -> KvforgeError:
+    where = exc.filename or dest
+    return KvforgeError(f"cannot write the series {show(dest)} ({where}): {exc.strerror or exc}; "
+                        "nothing was changed", EXIT_ENV)
 
 
 def _make_parents(parent: Path) -> list[Path]:
@@ -349,8 +302,8 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _discard(path: Path, crash_step: str | None = None) -> None:
-    """Delete a leftover directory (or file); `crash_step` fires after its first entry is gone."""
+def _discard(path: Path, on_first: Callable[[], None] | None = None) -> None:
+    """Delete a leftover directory (or file); `on_first` is called once its first entry is gone."""
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
         return
@@ -362,8 +315,8 @@ def _discard(path: Path, crash_step: str | None = None) -> None:
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-        if n == 0 and crash_step:
-            crashpoint(crash_step)
+        if n == 0 and on_first is not None:
+            on_first()
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -419,7 +372,9 @@ def locked(dest: Path, say: Say, show: Show = str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _recover(dest: Path, say: Say, show: Show) -> None:
+def recover_dir(dest: Path, say: Say, show: Show = str) -> None:
+    """Put D back from .D.kvforge-new (or -old) if it is missing, and retire every other leftover beside it
+    (the lock is held)."""
     parent = dest.parent
     if not parent.is_dir():
         return
@@ -433,17 +388,17 @@ def _recover(dest: Path, say: Say, show: Show) -> None:
                 break
     for name in sorted(os.listdir(parent)):
         if name.startswith(f".{dest.name}.kvforge-"):
-            _retire(dest, parent / name)
+            retire(dest, parent / name)
 
 
-def _retire(dest: Path, path: Path, crash_step: str | None = None) -> None:
+def retire(dest: Path, path: Path, on_first: Callable[[], None] | None = None) -> None:
     """Delete a leftover. .new and .old are first renamed to a trash name, so that those two names
     only ever hold complete series directories (recovery may move them into place)."""
     if not path.name.startswith((f".{dest.name}.kvforge-tmp-", f".{dest.name}.kvforge-trash-")):
         trash = sibling(dest, f"trash-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.rename(path, trash)
         path = trash
-    _discard(path, crash_step)
+    _discard(path, on_first)
 
 
 def recover(directory: Path, show: Show = str) -> None:
@@ -458,7 +413,7 @@ def recover(directory: Path, show: Show = str) -> None:
         return
     try:
         with locked(directory, _quiet, show):
-            _recover(directory, _quiet, show)
+            recover_dir(directory, _quiet, show)
     except (OSError, KvforgeError) as exc:
         if directory.exists():
             return  # in place; a leftover beside it is garbage the next transaction deletes
@@ -466,9 +421,9 @@ def recover(directory: Path, show: Show = str) -> None:
         if staged is None:
             return  # nothing complete to put back: the reader says the directory does not exist
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise KvforgeError(f"{show(directory)} is missing: a series swap (export or rebase) was interrupted and "
-                           f"cannot be finished here ({why}); finish it with: mv {shlex.quote(str(staged))} "
-                           f"{shlex.quote(str(directory))}", EXIT_ENV) from None
+        raise KvforgeError(f"{show(directory)} is missing: a series swap (export, rebase, pick or target add) was "
+                           f"interrupted and cannot be finished here ({why}); finish it with: "
+                           f"mv {shlex.quote(str(staged))} {shlex.quote(str(directory))}", EXIT_ENV) from None
 
 
 def _quiet(_message: str) -> None:

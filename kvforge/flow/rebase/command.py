@@ -16,8 +16,9 @@ from kvforge.git.trees import open_stack
 from kvforge.flow.rebase.commit import changed_files, commit, range_diff
 from kvforge.flow.rebase.onto import resolve_onto
 from kvforge.flow.rebase.result import Aborted, RebaseResult, result_of
-from kvforge.flow.rebase.state import (Digests, Phase, Plan, State, bound_elsewhere, check_project, dir_digest, file_digest, load, lock,
-                    project_id, save, state_dir)
+from kvforge.flow.rebase.state import (Digests, Phase, Plan, State, bound_elsewhere, check_project, load, lock, project_id,
+                                       save, state_dir)
+from kvforge.project.transaction import dir_digest, file_digest
 from kvforge.flow.rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 
 ACTIONS = ("start", "continue", "skip", "abort")

@@ -1,11 +1,14 @@
 """The rebase's one writing step: the new series directory, its ledger and the target file.
 
-Nothing in patches/ or targets/ changes before every patch is decided. Then, under the series
-directory's lock (kvforge.seriesdir.transaction, as `kvforge export`): the new series directory is
-staged complete (a hidden sibling, linted), the state records phase "committing" with the new target
-file's text and the digest of the staged series, then the series directory is swapped in and the target
-file replaced (one rename). A kill after the state says "committing" is finished, idempotently, by the
-next `kvforge rebase` of that target before anything else; `--abort` is then refused.
+Nothing in patches/ or targets/ changes before every patch is decided. Then one transaction of the project
+(kvforge.project.transaction, as every write of patches/ and targets/) checks that the files it replaces are
+what the rebase read when it started (else the result is kept aside, `_keep_both`), stages the new series
+directory complete (linted; the ledger patches/<t>/dropped.toml with this rebase's drops is one of its
+files) and the new target file's bytes; the state then records phase "committing" with the target file's
+text and the digest of the staged series, and the transaction commits (its journal is the commit point).
+A kill is finished or undone by the next kvforge command that writes the project; `kvforge rebase` of that
+target then sees its result written (or writes it again) and removes the state; `--abort` is refused while
+the state says "committing".
 """
 
 from __future__ import annotations
@@ -18,56 +21,43 @@ from pathlib import Path
 from kvforge.git import gitutil
 from kvforge.project import ledger
 from kvforge.project import seriesdir
+from kvforge.project.transaction import Transaction, dir_digest, file_digest, open_transaction, text_digest
 from kvforge.git.context import Context
 from kvforge.git.engine import format_patch, format_patches
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.flow.export import read_commit
-from kvforge.core.fsutil import atomic_write_text, crashpoint
-from kvforge.project.series import lint_directory
 from kvforge.project.targets import display_path
 from kvforge.flow.rebase.result import RebaseResult, result_of
 from kvforge.flow.rebase.retarget import new_target_text
-from kvforge.flow.rebase.state import DROPPED, Phase, State, Verdict, dir_digest, file_digest, save, text_digest
+from kvforge.flow.rebase.state import DROPPED, Phase, State, Verdict, save
 from kvforge.flow.rebase.steps import release_worktree
 
 
 def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
-    """Write the rebase's result (or finish writing it, in phase "committing"); the state is removed."""
+    """Write the rebase's result (or see that a finished transaction wrote it, in phase "committing"); the
+    state is removed."""
     start = start if start is not None else time.monotonic()
     t0 = time.monotonic()
     plan = st.plan
     dest, target_file = plan.series_dir, plan.target_file
-    old_dir, old_target = plan.old_series_dir, plan.old_target_file
-    if st.phase is not Phase.COMMITTING:
-        changed = changed_files(st)
-        if changed:
-            _keep_both(ctx, st, changed)
-        st.target_text = new_target_text(plan, ctx, st)
-        st.phase = Phase.COMMITTING
-        with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path) as tx:
-            st.new_series_digest = dir_digest(stage_series(tx, st))
-            save(st)  # the commit point: from here on, every run finishes this
-            crashpoint("rebase:commit-staged")
+    with open_transaction(plan.root, "rebase", ctx.say, dirs=[dest]) as tx:  # recovers a killed one first
+        if not (st.phase is Phase.COMMITTING and written(st)):
+            changed = changed_files(st)
+            if changed:
+                _keep_both(ctx, st, changed)
+            if st.phase is not Phase.COMMITTING or st.target_text is None:
+                st.target_text = new_target_text(plan, ctx, st)
+            d = plan.digests
+            running = st.phase is not Phase.COMMITTING  # committing again after an undone kill: checked above
+            st.new_series_digest = stage_series(tx, st, dest, read=d.series if running else None)
+            tx.stage_file(target_file, st.target_text.encode("utf-8"), read=d.target if running else None)
+            if plan.old_series_dir != dest:
+                tx.expect(plan.old_series_dir, d.old_series)
+            if plan.old_target_file != target_file:
+                tx.expect(plan.old_target_file, d.old_target)
+            st.phase = Phase.COMMITTING
+            save(st)  # what the next run compares the project with
             tx.commit()
-    else:
-        changed = changed_files(st)
-        if changed:
-            _keep_both(ctx, st, changed)
-        with seriesdir.transaction(dest, ctx.say, crash="rebase", lint=lint_directory, show=display_path,
-                                   recover=False) as tx:
-            if dir_digest(dest) == st.new_series_digest:
-                tx.recover()  # swapped before a kill: the old contents left beside it go
-            else:
-                staged = tx.staged()
-                if staged is None or dir_digest(staged) != st.new_series_digest:
-                    tx.recover()
-                    stage_series(tx, st)
-                tx.commit()
-    crashpoint("rebase:series-swapped")
-    text = st.target_text or ""
-    if not target_file.is_file() or target_file.read_text(encoding="utf-8") != text:
-        atomic_write_text(target_file, text)
-    crashpoint("rebase:target-written")
     result = result_of(st, "done", start)
     result.range_diff = range_diff(st)
     result.written = [str(dest), str(target_file)]
@@ -77,6 +67,14 @@ def commit(ctx: Context, st: State, start: float | None = None) -> RebaseResult:
         release_worktree(plan.worktree)
     shutil.rmtree(plan.state_dir, ignore_errors=True)
     return result
+
+
+def written(st: State) -> bool:
+    """The project holds this rebase's result (phase "committing": a transaction wrote it before a kill)."""
+    plan = st.plan
+    return (st.new_series_digest is not None and st.target_text is not None
+            and dir_digest(plan.series_dir) == st.new_series_digest
+            and file_digest(plan.target_file) == text_digest(st.target_text))
 
 
 def changed_files(st: State) -> list[Path]:
@@ -103,17 +101,18 @@ def changed_files(st: State) -> list[Path]:
 def _keep_both(ctx: Context, st: State, changed: list[Path]) -> None:
     """Someone changed the files the commit would replace since the rebase started (an export, an edit):
     write nothing there. The rebase's result goes to <cache>/rebase/kept/<target>-<component>-<time>/
-    (patches/<series>/ and targets/<target>.toml, the same layout), the state is removed, and the one-line
-    error says where both are."""
+    (patches/<series>/ and targets/<target>.toml, the same layout, one transaction rooted there), the state
+    is removed, and the one-line error says where both are."""
     plan = st.plan
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     kept = plan.state_dir.parent / "kept" / f"{plan.state_dir.name}-{stamp}"
+    kept.mkdir(parents=True, exist_ok=True)
     dest = kept / "patches" / plan.series_dir.name
-    with seriesdir.transaction(dest, ctx.say, crash="rebase-kept", lint=lint_directory, show=str) as tx:
-        stage_series(tx, st)
-        tx.commit()
     text = st.target_text if st.target_text is not None else new_target_text(plan, ctx, st)
-    atomic_write_text(kept / "targets" / plan.target_file.name, text)
+    with open_transaction(kept, "rebase-kept", ctx.say, dirs=[dest]) as tx:
+        stage_series(tx, st, dest)
+        tx.stage_file(kept / "targets" / plan.target_file.name, text.encode("utf-8"))
+        tx.commit()
     if st.worktree_ready:
         release_worktree(plan.worktree)
     shutil.rmtree(plan.state_dir, ignore_errors=True)
@@ -123,9 +122,10 @@ def _keep_both(ctx: Context, st: State, changed: list[Path]) -> None:
                        f"{kept} (compare, then copy or `kvforge export` what you keep)", EXIT_USAGE)
 
 
-def stage_series(tx: seriesdir.Transaction, st: State) -> Path:
-    """The complete new series directory staged by `tx` (linted): the carried commits, the series file, the
-    ledger with this rebase's drops appended, and the old directory's other files."""
+def stage_series(tx: Transaction, st: State, dest: Path, read: str | None = None) -> str:
+    """Stage in `tx` the complete new series directory `dest` (linted): the carried commits, the series file, the
+    ledger with this rebase's drops appended, and the old directory's other files; return its digest.
+    `read`: dest's digest when the rebase started (the transaction refuses if it changed)."""
     plan = st.plan
     repo = plan.repo  # the worktree's commits are in its repository (it may never have been made)
     carried = [p for p in st.steps if p.verdict is Verdict.CARRIED]
@@ -152,7 +152,8 @@ def stage_series(tx: seriesdir.Transaction, st: State) -> Path:
         files[ledger.FILENAME] = ledger.render(entries).encode("utf-8")
     managed = set(listing.names if listing else []) | {seriesdir.SERIES_FILE, ledger.FILENAME}
     kept = sorted(q.name for q in old_dir.iterdir() if q.name not in managed) if old_dir.is_dir() else []
-    return tx.stage(files, keep=kept, keep_from=old_dir, blame={name: c.blame for c, name in zip(commits, names)})
+    return tx.stage_dir(dest, files, read=read, keep=kept, keep_from=old_dir,
+                        blame={name: c.blame for c, name in zip(commits, names)})
 
 
 HUNK_NUMBERS_RE = re.compile(rb"^@@ -[0-9]+(?:,[0-9]+)? \+[0-9]+(?:,[0-9]+)? @@", re.M)

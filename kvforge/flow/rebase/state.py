@@ -8,7 +8,6 @@ not have exactly this shape (a malformed or forged file), is a one-line KvforgeE
 
 from __future__ import annotations
 
-import hashlib
 import json
 import types
 from contextlib import AbstractContextManager
@@ -19,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from kvforge.git.context import Context
 from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
-from kvforge.core.fsutil import atomic_write_text, file_lock, sha256_file
+from kvforge.core.fsutil import atomic_write_text, file_lock
 
 STATE_VERSION = 2
 
@@ -288,24 +287,3 @@ def check_project(st: State, root: Path, label: str) -> None:
                            EXIT_USAGE)
 
 
-# ---------------------------------------------------------------- digests
-
-
-def file_digest(path: Path) -> str:
-    return sha256_file(path) if path.is_file() else "absent"
-
-
-def text_digest(text: str) -> str:
-    """file_digest of a file holding `text` (UTF-8)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def dir_digest(path: Path) -> str:
-    """Names and bytes of every file under `path` ("absent" when it does not exist)."""
-    if not path.is_dir():
-        return "absent"
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            h.update(str(p.relative_to(path)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()

@@ -1,0 +1,328 @@
+"""Where a picked change comes from, and the patch file kvforge makes of it.
+
+Sources (`load_source`): a commit or range A..B of a local clone (`--repo DIR REV`), a `git format-patch`
+/ mbox file of one message (GitHub's `pull/N.patch` of a one-commit PR), or, online, a PR number or URL
+(refused offline, exit 6). The component (vllm, vllm-ascend) follows from the repository. Owns the `Change`
+as read, and its annotated header (`annotated`: Fix-Id, Kind, Upstream-Status, Why, Drop-When, Checks and
+the sign-offs; docs/patch-format.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from kvforge.core.cache import Cache
+from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
+from kvforge.flow import upstream
+from kvforge.git import gitutil
+from kvforge.git.context import Progress
+from kvforge.git.engine import format_patch
+from kvforge.project.series import parse_patch
+
+REPOS = {"vllm": "vllm-project/vllm", "vllm-ascend": "vllm-project/vllm-ascend"}
+ZERO = "0" * 40
+
+
+# ---------------------------------------------------------------- the change
+
+
+@dataclass
+class Change:
+    """The upstream change, as read from its source."""
+
+    source: str  # how the user named it
+    diff: bytes  # from the first `diff --git` on (full-index where the source had it)
+    subject: str
+    body: str  # the message without its trailer block
+    author: str  # Name <email>
+    date: str
+    component: str
+    commits: list[str] = field(default_factory=list)  # upstream commit ids
+    pr_url: str | None = None
+    pr_open: bool = False
+    first_release: str | None = None  # the first release tag that contains the change (source history)
+    signoffs: list[str] = field(default_factory=list)  # the source's Signed-off-by / Co-authored-by lines
+    git_dir: str | None = None  # the source repository's git directory (preimage blobs, history)
+    rev: str | None = None
+
+    @property
+    def paths(self) -> list[str]:
+        return sorted(set(re.findall(r"^diff --git a/(\S+) b/", self.diff.decode("utf-8", "replace"), re.M)))
+
+
+def _split_message(message: str) -> tuple[str, str, list[str]]:
+    """(subject, body without trailers, sign-off lines) of a commit message."""
+    lines = message.strip("\n").split("\n")
+    subject = lines[0].strip() if lines else ""
+    rest = "\n".join(lines[1:]).strip("\n")
+    paras = re.split(r"\n\s*\n", rest) if rest.strip() else []
+    signoffs: list[str] = []
+    if paras and all(re.match(r"^[A-Za-z][A-Za-z0-9-]*: ", ln) or ln.startswith(" ")
+                     for ln in paras[-1].splitlines()):
+        signoffs = [ln.strip() for ln in paras[-1].splitlines()
+                    if ln.startswith(("Signed-off-by: ", "Co-authored-by: "))]
+        paras = paras[:-1]
+    return subject, "\n\n".join(paras).strip(), signoffs
+
+
+def _pr_of(subject: str, component: str) -> str | None:
+    m = re.search(r"\(#(\d+)\)\s*$", subject)
+    return f"https://github.com/{REPOS.get(component, REPOS['vllm'])}/pull/{m.group(1)}" if m else None
+
+
+def _release_key(tag: str) -> Version | None:
+    m = re.match(r"^v?(\d+\.\d+(?:\.\d+)?)$", tag)  # final releases only: an rc tag is not a release
+    if not m:
+        return None
+    try:
+        return Version(m.group(1))
+    except InvalidVersion:
+        return None
+
+
+def first_release(repo: Path, commit: str) -> str | None:
+    """The lowest release tag (vX.Y.Z) of `repo` that contains `commit`, as X.Y.Z."""
+    tags = gitutil.run(repo, "tag", "--contains", commit, check=False).stdout.split()
+    found = sorted((v, t) for t in tags if (v := _release_key(t)) is not None)
+    return str(found[0][0]) if found else None
+
+
+def _component_of(repo: Path, given: str | None) -> str:
+    if given:
+        return given
+    url = gitutil.run(repo, "remote", "get-url", "origin", check=False).stdout.strip()
+    return "vllm-ascend" if "vllm-ascend" in url else "vllm"
+
+
+def from_repo(repo_dir: Path, rev: str, component: str | None) -> Change:
+    """A commit (or A..B, picked as one change) of a local clone."""
+    repo = Path(repo_dir).expanduser()
+    if gitutil.run(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
+        raise KvforgeError(f"--repo {repo_dir}: not a git repository", EXIT_USAGE)
+    git_dir = gitutil.run(repo, "rev-parse", "--absolute-git-dir").stdout.strip()
+    comp = _component_of(repo, component)
+    if ".." in rev:
+        a, b = rev.split("..", 1)
+        ca, cb = gitutil.rev_parse(repo, f"{a}^{{commit}}"), gitutil.rev_parse(repo, f"{b or 'HEAD'}^{{commit}}")
+        if not ca or not cb:
+            raise KvforgeError(f"--repo {repo_dir}: {rev!r} is not a range of commits there", EXIT_USAGE)
+        commits = gitutil.run(repo, "rev-list", "--reverse", "--no-merges", f"{ca}..{cb}").stdout.split()
+        if not commits:
+            raise KvforgeError(f"--repo {repo_dir}: {rev} holds no commit", EXIT_USAGE)
+        diff = gitutil.run(repo, "diff", "--full-index", "--binary", "-M", ca, cb, binary=True).stdout
+        last = gitutil.run(repo, "log", "-1", "--format=%an <%ae>%n%aD%n%B", cb).stdout
+        author, date, message = last.split("\n", 2)
+        subject, body, signoffs = _split_message(message)
+        shortlog = gitutil.run(repo, "log", "--reverse", "--format=- %h %s", f"{ca}..{cb}").stdout.strip()
+        body = (body + "\n\n" if body else "") + f"Picked as one change: {rev}\n{shortlog}"
+        head = cb
+    else:
+        head = gitutil.rev_parse(repo, f"{rev}^{{commit}}") or ""
+        if not head:
+            raise KvforgeError(f"--repo {repo_dir}: no commit {rev!r} there", EXIT_USAGE)
+        commits = [head]
+        raw = format_patch(repo, head)
+        diff = raw[raw.find(b"\ndiff --git ") + 1:]
+        info = gitutil.run(repo, "log", "-1", "--format=%an <%ae>%n%aD%n%B", head).stdout
+        author, date, message = info.split("\n", 2)
+        subject, body, signoffs = _split_message(message)
+    if not diff.startswith(b"diff --git "):
+        raise KvforgeError(f"--repo {repo_dir}: {rev} changes no file", EXIT_USAGE)
+    diff = _strip_signature(diff)
+    return Change(f"{repo_dir} {rev}", diff, subject, body, author, date, comp, commits,
+                  _pr_of(subject, comp), False, first_release(repo, head), signoffs, git_dir, rev)
+
+
+def _strip_signature(diff: bytes) -> bytes:
+    k = diff.rfind(b"\n-- \n")
+    return diff[:k + 1] if k >= 0 else diff
+
+
+def from_mbox(path: Path, component: str | None) -> Change:
+    """A format-patch / mbox file holding one message."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise KvforgeError(f"{path}: cannot read: {exc.strerror or exc}", EXIT_USAGE) from None
+    froms = re.findall(rb"^From ([0-9a-f]{40}) ", raw, re.M)
+    if len(froms) > 1:
+        raise KvforgeError(f"{path}: holds {len(froms)} patches; pick takes one change (squash the PR into one "
+                           "commit, or pick its merged commit with --repo DIR REV)", EXIT_USAGE)
+    probe = parse_patch(Path(path), raw)
+    if not probe.files:
+        first = probe.problems[0].message if probe.problems else "no diff"
+        raise KvforgeError(f"{path}: not a git format-patch file: {first}", EXIT_USAGE)
+    text = raw.decode("utf-8", "replace")
+    head, _, _ = text.partition("\ndiff --git ")
+    header, _, message = head.partition("\n\n")
+    message = message.rsplit("\n---\n", 1)[0]
+    date = next((ln[5:].strip() for ln in header.splitlines() if ln.startswith("Date:")), "")
+    subject, body, signoffs = _split_message(probe.subject + "\n\n" + message)
+    comp = component or "vllm"
+    commits = [c.decode() for c in froms if c.decode() != ZERO]
+    diff = _strip_signature(raw[raw.find(b"\ndiff --git ") + 1:])
+    return Change(str(path), diff, subject, body, probe.author, date, comp, commits, _pr_of(subject, comp),
+                  False, None, signoffs)
+
+
+PR_URL = re.compile(r"^https://github\.com/(vllm-project/(vllm|vllm-ascend))/pull/(\d+)/?$")
+
+
+def from_pr(spec: str, component: str | None, cache: Cache, say: Progress) -> Change:
+    """An upstream PR (number, or URL of vLLM or vllm-ascend): its .patch and description from GitHub."""
+    m = PR_URL.match(spec)
+    comp = m.group(2) if m else (component or "vllm")
+    number = m.group(3) if m else spec
+    repo = REPOS[comp]
+    if os.environ.get("KVFORGE_OFFLINE") == "1":
+        raise KvforgeError(f"PR {spec}: $KVFORGE_OFFLINE=1; download https://github.com/{repo}/pull/{number}.patch "
+                           "and pick the file", EXIT_NETWORK)
+    say(f"fetching {repo}#{number} from GitHub")
+    try:
+        with urllib.request.urlopen(f"https://api.github.com/repos/{repo}/pulls/{number}", timeout=20) as r:
+            meta = json.load(r)
+        with urllib.request.urlopen(f"https://github.com/{repo}/pull/{number}.patch", timeout=60) as r:
+            data = r.read()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise KvforgeError(f"PR {spec}: cannot reach GitHub ({getattr(exc, 'reason', exc)}); download "
+                           f"https://github.com/{repo}/pull/{number}.patch and pick the file", EXIT_NETWORK) from None
+    with tempfile.NamedTemporaryFile(suffix=".patch", dir=cache.root, delete=False) as fh:
+        fh.write(data)
+    try:
+        change = from_mbox(Path(fh.name), comp)
+    finally:
+        os.unlink(fh.name)
+    change.source = f"{repo}#{number}"
+    change.pr_url = f"https://github.com/{repo}/pull/{number}"
+    change.pr_open = not meta.get("merged_at")
+    if meta.get("merge_commit_sha") and not change.pr_open:
+        change.commits = [meta["merge_commit_sha"]]
+    change.subject = meta.get("title") or change.subject
+    change.body = (meta.get("body") or "").strip() or change.body
+    return change
+
+
+def load_source(source: str, repo_dir: Path | None, component: str | None, cache: Cache, say: Progress) -> Change:
+    if repo_dir is not None:
+        return from_repo(repo_dir, source, component)
+    if Path(source).expanduser().is_file():
+        return from_mbox(Path(source).expanduser(), component)
+    if re.match(r"^\d+$", source) or PR_URL.match(source):
+        return from_pr(source, component, cache, say)
+    raise KvforgeError(f"SOURCE {source!r}: not a file, a PR number or URL; for a commit of a clone use "
+                       "--repo DIR REV", EXIT_USAGE)
+
+
+# ---------------------------------------------------------------- the header
+
+
+def default_fix_id(subject: str) -> str:
+    s = re.sub(r"\[[^\]]*\]", " ", subject)
+    s = re.sub(r"\(#\d+\)", " ", s)
+    slug = re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
+    while len(slug) > 48 and "-" in slug:
+        slug = slug.rsplit("-", 1)[0]
+    return slug or "upstream-fix"
+
+
+def _fold(key: str, text: str, width: int = 76) -> list[str]:
+    words = text.split()
+    lines, cur = [], f"{key}:"
+    for w in words:
+        if len(cur) + 1 + len(w) > width and cur.strip() != f"{key}:":
+            lines.append(cur)
+            cur = " " + w
+        else:
+            cur += " " + w
+    lines.append(cur)
+    return lines
+
+
+def checks_of(diff: bytes) -> list[str]:
+    """The test functions the change adds or modifies (a +/- line inside them): pytest node ids path::name."""
+    out: list[str] = []
+    path = None
+    current: str | None = None
+    for line in diff.decode("utf-8", "replace").splitlines():
+        if line.startswith("diff --git "):
+            m = re.match(r"^diff --git a/\S+ b/(\S+)", line)
+            path = m.group(1) if m and upstream.is_test_path(m.group(1)) and m.group(1).endswith(".py") else None
+            current = None
+            continue
+        if path is None or line.startswith(("---", "+++")):
+            continue
+        if line.startswith("@@"):
+            m = re.match(r"^@@ [^@]* @@ (?:async )?def (test_\w+)\(", line)
+            current = m.group(1) if m else None
+            continue
+        body = line[1:]
+        m = re.match(r"^(?:async )?def (\w+)\(", body)
+        if m or re.match(r"^(class |@|\S)", body):
+            current = m.group(1) if m and m.group(1).startswith("test_") else None
+            if m and line.startswith("+") and current:
+                out.append(f"{path}::{current}")
+            continue
+        if line[:1] in "+-" and body.strip() and current:
+            out.append(f"{path}::{current}")
+    return list(dict.fromkeys(out))
+
+
+def drop_when(change: Change) -> str:
+    if change.first_release:
+        return f"version >= {change.first_release}"
+    if change.commits and not change.pr_open:
+        return f"base-contains {change.commits[-1][:12]}"
+    if change.pr_url:
+        return f"upstream-pr-merged {change.pr_url}"
+    return "never (no upstream commit or PR known for it)"
+
+
+def annotated(change: Change, fix_id: str, checks: list[str], signoff: str) -> bytes:
+    """The change as a format-patch file with kvforge's header (git am reads it; export re-writes it)."""
+    kind = "fix" if checks else "refactor"
+    where = ", ".join(x for x in (change.pr_url, change.commits[-1][:12] if change.commits else None) if x)
+    if change.pr_open:
+        status = "Pending"
+    elif where:
+        status = f"Backport [{where}]"
+    else:
+        status = "Pending"
+    why = (re.split(r"\n\s*\n", change.body)[0] if change.body else "") or change.subject
+    why = re.sub(r"^#+\s*\w[\w ]*\n", "", why.strip()).strip() or change.subject  # a PR template's "## Purpose"
+    trailers = [f"Fix-Id: {fix_id}", f"Kind: {kind}", f"Upstream-Status: {status}"]
+    if change.pr_url:
+        trailers.append(f"Upstream-PR: {change.pr_url}")
+    trailers += [f"Upstream-Commit: {c[:12]}" for c in change.commits[-1:] if not change.pr_open]
+    trailers += _fold("Why", why)
+    trailers.append(f"Drop-When: {drop_when(change)}")
+    trailers += [f"Checks: {c}" for c in checks]
+    signs = list(dict.fromkeys(change.signoffs + [f"Signed-off-by: {signoff}"]))
+    trailers += signs
+    body = change.body.replace("\n---\n", "\n- - -\n")
+    subject = change.subject.replace("\n", " ")
+    msg = f"{subject}\n\n" + (body + "\n\n" if body else "") + "\n".join(trailers) + "\n"
+    head = f"From {ZERO} Mon Sep 17 00:00:00 2001\nFrom: {change.author}\nDate: {change.date}\nSubject: [PATCH] "
+    return (head + msg.split("\n", 1)[0] + "\n\n" + msg.split("\n\n", 1)[1] + "---\n").encode("utf-8") + change.diff
+
+
+def carrier(root: Path, given: str | None) -> str:
+    """Name <email> of whoever carries the patch: --signoff, else git's committer identity at the project."""
+    if given:
+        ident = given
+    else:
+        name = gitutil.run(root, "config", "user.name", check=False).stdout.strip()
+        email = gitutil.run(root, "config", "user.email", check=False).stdout.strip()
+        ident = f"{name} <{email}>" if name and email else ""
+    if not re.match(r"^.+ <[^<>@\s]+@[^<>\s]+>$", ident):
+        raise KvforgeError("no identity for Signed-off-by: set git's user.name and user.email, or pass "
+                           "--signoff 'Name <email>'", EXIT_USAGE)
+    return ident
