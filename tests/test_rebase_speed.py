@@ -480,3 +480,32 @@ def test_index_entries_read_from_the_file_are_git_ls_files(fake, tmp_path):
         made = pathindex.PathIndex.__new__(pathindex.PathIndex)
         made.repo, made.index = repo / ".git", index
         assert made.entries() == listed and long_name.encode() in listed
+
+
+def test_batched_apply_checks_answer_as_each_check_alone(fake, monkeypatch):
+    # Ten patches: four files the new base has (reverse-apply), four it lacks (forward), one it has with other
+    # content (neither way), one changing a file another patch makes (never in that one's batch).
+    specs = [(f"f{k}", {f"vllm_like/f{k}.py": ("", f"F{k} = {k}\n")}, "") for k in range(9)]
+    specs.append(("f0-again", {"vllm_like/f0.py": ("F0 = 0", "F0 = 10")}, ""))
+    patches, commits = _stack(fake, specs)
+    upstream = _commit_on(fake.upstream, fake.base, {**{f"vllm_like/f{k}.py": ("", f"F{k} = {k}\n") for k in range(4)},
+                                                     "vllm_like/f8.py": ("", "F8 = 'other'\n")}, "upstream")
+    nb = NewBase(fake.upstream / ".git", upstream, "0.2.0", upstream, False)
+    alone = [gather(nb, p, c) for p, c in zip(patches, commits)]
+    assert [s[0].fired for s in alone] == [True] * 4 + [False] * 4 + [None, False]
+    runs: list[list[list[str]]] = []
+    run_many = gitutil.run_many
+
+    def counting(cwd, calls, **kw):
+        runs.append([list(c) for c in calls])
+        return run_many(cwd, calls, **kw)
+
+    monkeypatch.setattr(gitutil, "run_many", counting)
+    with Probe(nb, patches, commits) as probe:
+        assert [gather(nb, p, c, probe=probe) for p, c in zip(patches, commits)] == alone
+    # A series the base lacks entirely: one reverse check per patch and one batch of forward checks, that passes.
+    runs.clear()
+    with Probe(nb, patches[4:8], commits[4:8]) as probe:
+        assert [gather(nb, p, c, probe=probe) for p, c in zip(patches[4:8], commits[4:8])] == alone[4:8]
+    checks = [c for calls in runs for c in calls if c[0] == "apply"]
+    assert sorted(sum(a.endswith(".patch") for a in c) for c in checks) == [1, 1, 1, 1, 4]
