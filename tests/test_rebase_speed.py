@@ -153,6 +153,26 @@ def test_format_patches_gives_format_patch_bytes(fake, monkeypatch):
     assert engine.format_patch(repo, d) and any(args[-1] == d for _cwd, *args in calls)
 
 
+
+def test_format_patches_over_ranges_of_several_commits(fake, monkeypatch):
+    repo, head, commits = fake.upstream, fake.base, []
+    for k in range(6):
+        head = _commit_on(repo, head, {f"vllm_like/r{k}.py": ("", f"R = {k}\n")}, f"[Misc] r{k}\n\nBody {k}.")
+        commits.append(head)
+    expected = {x: engine.format_patch(repo, x) for x in commits}
+    engine._FORMATTED.clear()
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 1)  # 4 ranges for 6 commits: some hold two
+    ran = []
+    run_many = gitutil.run_many
+    monkeypatch.setattr(gitutil, "run_many", lambda cwd, calls, **kw: ran.extend(calls) or run_many(cwd, calls, **kw))
+    engine.format_patches(repo, fake.base, commits)
+    assert len(ran) == 4
+    calls = []
+    run = gitutil.run
+    monkeypatch.setattr(gitutil, "run", lambda *args, **kw: calls.append(args) or run(*args, **kw))
+    assert {x: engine.format_patch(repo, x) for x in commits} == expected
+    assert calls == []
+
 def test_worktree_state_read_from_files_agrees_with_git(fake, monkeypatch, tmp_path):
     bare = tmp_path / "repo.git"
     git(tmp_path, "clone", "-q", "--bare", str(fake.upstream), str(bare))
