@@ -308,7 +308,9 @@ _WILDCARD = re.compile(r"[*?\[\\]")
 def _batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) -> "list[list[tuple[Patch, list[str], bool]]]":
     """`items` (checks of one direction against one index) in batches whose patches name no path in common (both
     sides of every diff, pathindex.named_paths): about `cpus` batches of at least 4 patches each, in series
-    order; a patch whose paths cannot be read plainly, or whose checked paths hold a wildcard, is a batch alone."""
+    order; a patch whose paths cannot be read plainly, or whose checked paths hold a wildcard, is a batch alone,
+    and so is each patch of a batch of fewer than 3 (such a batch saves at most one process when it passes and
+    costs one when it fails)."""
     size = -(-len(items) // max(1, min(cpus, len(items) // 4)))
     batches: list[list[tuple[Patch, list[str], bool]]] = []
     alone: list[list[tuple[Patch, list[str], bool]]] = []
@@ -326,7 +328,7 @@ def _batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) -> "list[l
         else:
             batches.append([item])
             named.append(set(paths))
-    return batches + alone
+    return [b for b in batches if len(b) >= 3] + [[i] for b in batches if len(b) < 3 for i in b] + alone
 
 
 def is_test_path(path: str) -> bool:
