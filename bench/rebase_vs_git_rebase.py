@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark: `kvforge rebase` against a plain `git rebase` (and `git am -3`) of the same commits onto the same base.
 
-Two real series:
+Three series:
 - ours:    the v0.20.1 series shipped in patches/v0.20.1, moved onto vLLM 0.20.2 (5 patches, all carried);
+- large:   ours and 495 synthetic carried changes after it (--large N: N patches in all; 0 leaves it out), each
+           appending one line to a vllm/*.py file of its own that is the same in 0.20.1 and 0.20.2 (so each
+           applies on both as it is and none is upstream), moved onto 0.20.2 (500 patches, all carried);
 - forward: real upstream changes, one patch per vllm/v1/core file changed between v0.20.2 and 0.33.0
            (bench/apply_vs_git_am.py's forward_series, 15 patches) on a v0.20.2 target, moved onto 0.33.0
-           (all already upstream: every one is dropped).
+           (all already upstream: every one is dropped; --no-forward leaves it out).
 Bases come from the same cache (imported once before timing; offline, so the sha256 of the new sdist is
 the cached archive's).
 
@@ -13,20 +16,22 @@ What is timed, on each side:
 - git rebase: `git rebase --onto NEW OLD work` in a user's clone that already holds the old series' commits
   and the new base, checked out on the old series (made once, not timed): one git CLI process, as typed.
 - git am -3: `git checkout NEW` + `git am -3` of the series' patch files in that clone (git CLI processes).
-- kvforge CLI: `python -m kvforge.cli rebase -t T --onto V --as NEW --json` in a copy of the project, ending
+- kvforge CLI: `kvforge rebase -t T --onto V --as NEW --json` (the console script pip installs next to this
+  interpreter, as a user runs it; `python -m kvforge.cli` where there is none) in a copy of the project, ending
   with the new series and target written (all or nothing): a new Python process, start-up included, with
   its bytecode cached (as after `pip install`; this machine's PYTHONDONTWRITEBYTECODE is overridden by a
   private PYTHONPYCACHEPREFIX).
-- kvforge library call: the same run's `kvforge.rebase.run` as kvforge's own clock times it (the --json
+- kvforge library call: the same run's `kvforge.flow.rebase.run` as kvforge's own clock times it (the --json
   `seconds.total`): what the CLI does once Python and kvforge are loaded. Its parts (also from --json): base
   (--onto resolved, both bases from the cache: the offline sha256 of the new archive, the old stack),
   signals (every patch's reverse-apply, patch-id, upstream-commit, drop-when; the Checks signal runs tests
   and is not run), apply (`git am -3`), write (export, lint, range-diff, the target file).
-- start-up: `python -c pass` and `python -c "import kvforge.cli, kvforge.rebase"` (bytecode cached), the
+- start-up: `python -c pass` and `python -c "import kvforge.cli, kvforge.flow.rebase"` (bytecode cached), the
   fixed cost of every CLI run, shown apart.
 - git processes: how many git processes one kvforge run starts (an extra, untimed run with a counting `git`
   first on PATH); `git rebase` is one command.
-Each side runs --repeat times, alternating; medians. The goal: the library call <= 1.5x `git rebase`.
+Each side runs --repeat times, alternating; medians. The goal: the kvforge CLI, end to end, <= 1.5x `git rebase`
+at 5 and at 500 patches.
 
 --import-release V (repeatable): the cold import of vLLM V's sdist (in the cache's downloads/) as a base
 commit, timed once per method into a new repository: kvforge's import (bases.import_archive: one pass over
@@ -35,7 +40,8 @@ the archive, blobs in archive order, the commit naming them in path order), the 
 `git add -A` + `git commit` (what one types). The commit ids of both kvforge imports must be equal (the id
 is a function of the archive's content alone) and the tree of `git add` is shown equal or not.
 
-Usage: python bench/rebase_vs_git_rebase.py [--repeat 5] [--cache-dir DIR] [--import-release 0.22.0 ...]
+Usage: python bench/rebase_vs_git_rebase.py [--repeat 5] [--cache-dir DIR] [--large 500] [--no-forward]
+       [--import-release 0.22.0 ...]
 """
 
 from __future__ import annotations
@@ -61,8 +67,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from apply_vs_git_am import IDENT_ENV, forward_series  # noqa: E402
 
-from kvforge.git import bases
-from kvforge import gitutil  # noqa: E402
+from kvforge.git import bases, engine, gitutil  # noqa: E402
 from kvforge.git.bases import ensure_base, import_archive  # noqa: E402
 from kvforge.core.cache import REF_IMPORT, Cache  # noqa: E402
 from kvforge.git.context import Context  # noqa: E402
@@ -71,6 +76,11 @@ from kvforge.core.render import table  # noqa: E402
 from kvforge.project.series import read_series  # noqa: E402
 from kvforge.project.targets import Component, Release, load_target  # noqa: E402
 from kvforge.git.trees import open_stack  # noqa: E402
+
+
+# The console script pip installs next to this interpreter (`kvforge = "kvforge.cli:main"`), as a user runs it.
+_SCRIPT = Path(sys.executable).with_name("kvforge")
+KVFORGE = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "kvforge.cli"]
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -123,9 +133,8 @@ def time_kvforge(project: Path, cache: Path, target: str, onto: str, as_name: st
     """(wall s, the --json result, CPU s of the process and its git children)."""
     env = {**env, "KVFORGE_ROOT": str(project), "KVFORGE_CACHE": str(cache), "KVFORGE_OFFLINE": "1"}
     cpu, start = cpu_children(), time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "kvforge.cli", "rebase", "-t", target, "--onto", onto, "--as",
-                          as_name, "--source", "sdist", "--json"], capture_output=True, text=True, env=env,
-                         cwd=project)
+    res = subprocess.run([*KVFORGE, "rebase", "-t", target, "--onto", onto, "--as", as_name, "--source", "sdist",
+                          "--json"], capture_output=True, text=True, env=env, cwd=project)
     took, cpu = time.perf_counter() - start, cpu_children() - cpu
     if res.returncode != 0:
         raise SystemExit(f"kvforge rebase failed ({res.returncode}): {res.stderr.strip()[-400:]}")
@@ -167,6 +176,57 @@ def make_project(root: Path, name: str, template: str, patches: list[Path]) -> N
     for p in patches:
         shutil.copy2(p, d / p.name)
     (d / "series").write_text("".join(p.name + "\n" for p in patches))
+
+
+def carried_series(repo: Path, old: str, new: str, head: str, count: int, skip: set[str], out: Path) -> list[Path]:
+    """`count` carried changes chained on `head` (a stack on `old`): each appends one line to its own vllm/*.py
+    file that is the same blob in `old` and `new` and that the series before it does not touch (`skip`), so each
+    applies on both bases as it is and none is upstream. All commits from one `git fast-import`."""
+    changed = set(git(repo, "diff", "--name-only", old, new).split())
+    files = []
+    for line in git(repo, "ls-tree", "-r", "-l", old, "--", "vllm").splitlines():
+        meta, rel = line.split("\t", 1)
+        _mode, kind, blob, size = meta.split()
+        if kind == "blob" and rel.endswith(".py") and size != "0" and rel not in changed and rel not in skip:
+            files.append((rel, blob))
+    blobs = subprocess.run(["git", "cat-file", "--batch"], cwd=repo, check=True, capture_output=True,
+                           input="".join(f"{b}\n" for _, b in files).encode()).stdout
+    contents, pos = [], 0
+    for _ in files:
+        header_end = blobs.index(b"\n", pos)
+        size = int(blobs[pos:header_end].split()[2])
+        contents.append(blobs[header_end + 1:header_end + 1 + size])
+        pos = header_end + 1 + size + 1
+    picked = [(rel, data) for (rel, _), data in zip(files, contents) if data.endswith(b"\n")][:count]
+    if len(picked) < count:
+        raise SystemExit(f"only {len(picked)} files for {count} carried changes")
+    ident = b"kvforge <kvforge@users.noreply.github.com> 1795435200 +0000"
+    stream = []
+    for n, (rel, data) in enumerate(picked, 1):
+        msg = (f"[Misc] bench: carried change {n:04d}\n\nA synthetic carried change, for the benchmark.\n\n"
+               f"Fix-Id: bench-carried-{n:04d}\nKind: refactor\nUpstream-Status: Inappropriate [benchmark input]\n"
+               f"Why: benchmark input.\nDrop-When: never [benchmark input]\n"
+               f"Signed-off-by: kvforge <kvforge@users.noreply.github.com>\n").encode()
+        body = data + f"# kvforge bench: carried change {n:04d}\n".encode()
+        stream += [b"commit refs/kvforge-bench/carried\n", b"mark :%d\n" % n, b"author %s\n" % ident,
+                   b"committer %s\n" % ident, b"data %d\n%s\n" % (len(msg), msg)]
+        if n == 1:
+            stream.append(f"from {head}\n".encode())
+        stream += [b"M 100644 inline %s\ndata %d\n%s\n" % (rel.encode(), len(body), body)]
+    marks = out / ".marks"
+    subprocess.run(["git", "fast-import", "--quiet", f"--export-marks={marks}"], cwd=repo, check=True,
+                   input=b"".join(stream), capture_output=True)
+    ids = dict(line.split() for line in marks.read_text().splitlines())
+    commits = [ids[f":{n}"] for n in range(1, count + 1)]
+    git(repo, "update-ref", "-d", "refs/kvforge-bench/carried")
+    marks.unlink()
+    engine.format_patches(repo, head, commits)
+    paths = []
+    for n, commit in enumerate(commits, 1):
+        path = out / f"{n + 5000:04d}-bench-carried-{n:04d}.patch"
+        path.write_bytes(engine.format_patch(repo, commit))
+        paths.append(path)
+    return paths
 
 
 # ---------------------------------------------------------------- the cold import of a release
@@ -271,6 +331,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--large", type=int, default=500, metavar="N",
+                    help="also a series of N patches: ours and N - 5 synthetic carried changes (0: leave it out)")
+    ap.add_argument("--no-forward", action="store_true", help="leave out the 15 upstream patches onto 0.33.0")
     ap.add_argument("--import-release", action="append", default=[], metavar="VERSION",
                     help="also time the cold import of this release's sdist (in the cache), old vs new vs tar+git")
     args = ap.parse_args()
@@ -291,16 +354,29 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kvforge-bench-rebase-"))
     try:
         env = child_env(work)
-        fwd_dir = work / "fwd"
-        fwd_dir.mkdir()
-        fwd = forward_series(base_0202.repo, base_0202.commit, base_0330.commit, fwd_dir)
         ours = [p.path for p in read_series(ROOT / "patches" / "v0.20.1").patches]
-        cases = [("ours", "v0.20.1", ours, "0.20.2", base_0201, base_0202),
-                 ("forward", "v0.20.2rc", fwd, "0.33.0", base_0202, base_0330)]
+        cases = [("ours", "ours", "v0.20.1", ours, "0.20.2", base_0201, base_0202)]
+        if args.large > len(ours):
+            make_project(work / "proj-stack", "bench-stack", "v0.20.1", ours)
+            os.environ["KVFORGE_ROOT"] = str(work / "proj-stack")
+            ours_stack = open_stack(Context.load(cache, "bench-stack", source="sdist"))
+            touched = {f for p in read_series(ROOT / "patches" / "v0.20.1").patches for f in p.touched_paths}
+            carried_dir = work / "carried"
+            carried_dir.mkdir()
+            say(f"large: {args.large - len(ours)} synthetic carried changes")
+            carried = carried_series(base_0201.repo, base_0201.commit, base_0202.commit, ours_stack.commits[-1],
+                                     args.large - len(ours), touched, carried_dir)
+            cases.append((f"ours + {len(carried)} carried", "large", "v0.20.1", ours + carried, "0.20.2", base_0201,
+                          base_0202))
+        if not args.no_forward:
+            fwd_dir = work / "fwd"
+            fwd_dir.mkdir()
+            fwd = forward_series(base_0202.repo, base_0202.commit, base_0330.commit, fwd_dir)
+            cases.append(("forward", "forward", "v0.20.2rc", fwd, "0.33.0", base_0202, base_0330))
         rows, parts_rows, cpu_rows = [], [], []
-        for name, template, patches, onto, old, new in cases:
-            project = work / f"proj-{name}"
-            target = f"bench-{name}"
+        for name, slug, template, patches, onto, old, new in cases:
+            project = work / f"proj-{slug}"
+            target = f"bench-{slug}"
             make_project(project, target, template, patches)
             os.environ["KVFORGE_ROOT"] = str(project)
             ctx = Context.load(cache, target, source="sdist")
@@ -311,7 +387,7 @@ def main() -> int:
             n_git = count_git(project, cache.root, target, onto, env, work)
             if old.repo.resolve() != new.repo.resolve():
                 raise SystemExit("both bases must be in one cache repository (sdist imports)")
-            clone = user_clone(new.repo, [old_head, new.commit], work / f"clone-{name}")
+            clone = user_clone(new.repo, [old_head, new.commit], work / f"clone-{slug}")
             rb, am, cli, parts, rb_cpu, cli_cpu = [], [], [], [], [], []
             for i in range(args.repeat):
                 say(f"{name}: round {i + 1}/{args.repeat}")
@@ -342,17 +418,18 @@ def main() -> int:
         bare, imports = [], []
         for _ in range(args.repeat):
             bare.append(time_python(["-c", "pass"], env))
-            imports.append(time_python(["-c", "import kvforge.cli, kvforge.rebase"], env))
+            imports.append(time_python(["-c", "import kvforge.cli, kvforge.flow.rebase"], env))
         load = os.getloadavg()[0]
         print(f"median of {args.repeat} runs; bases cached; offline; times in seconds, wall clock; "
               f"{os.cpu_count()} CPUs, load average {load:.1f}")
-        print("git rebase: one git CLI process. kvforge library: kvforge.rebase.run, as kvforge's clock times it "
-              "(--json seconds.total). kvforge CLI: the whole `python -m kvforge.cli rebase ... --json` process.")
+        print("git rebase: one git CLI process. kvforge library: kvforge.flow.rebase.run, as kvforge's clock times it "
+              "(--json seconds.total). kvforge CLI: the whole `kvforge rebase ... --json` process (the console "
+              "script), as a user runs it.")
         print(table(["series", "patches", "onto", "verdicts", "git rebase (s)", "git am -3 (s)", "kvforge library (s)",
                      "ratio", "signals (s)", "library w/o signals (s)", "ratio", "kvforge CLI (s)", "ratio",
                      "git processes"], rows))
-        print("goal: the library call <= 1.5x git rebase, with all signals (reverse-apply, patch-id, upstream-commit, "
-              "drop-when; the Checks signal runs tests and is not run)")
+        print("goal: the kvforge CLI <= 1.5x git rebase end to end, at 5 and at 500 patches, with all signals "
+              "(reverse-apply, patch-id, upstream-commit, drop-when; the Checks signal runs tests and is not run)")
         print()
         print("where kvforge's time goes (medians, s): base = --onto resolved (offline: the sha256 of the cached "
               "archive), both bases and the old stack from the cache; CLI - library = Python start-up, imports, "
@@ -362,7 +439,7 @@ def main() -> int:
         print(table(["fixed cost of every CLI run", "median wall (s)", "median CPU (s)"],
                     [["python -c pass", f"{statistics.median(t for t, _ in bare):.2f}",
                       f"{statistics.median(c for _, c in bare):.2f}"],
-                     ["python -c 'import kvforge.cli, kvforge.rebase' (bytecode cached)",
+                     ["python -c 'import kvforge.cli, kvforge.flow.rebase' (bytecode cached)",
                       f"{statistics.median(t for t, _ in imports):.2f}",
                       f"{statistics.median(c for _, c in imports):.2f}"]]))
         print()

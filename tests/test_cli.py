@@ -65,3 +65,14 @@ def test_help_lists_every_exit_code():
     out = subprocess.run([sys.executable, "-m", "kvforge.cli", "--help"], capture_output=True, text=True).stdout
     for code, what in EXIT_CODES.items():
         assert f"{code:>2}  {what}" in out, (code, what)
+
+
+def test_loading_the_cli_loads_no_command_library():
+    """`kvforge --help` and shell completion load click and kvforge's core only: each command imports its library
+    module when it runs."""
+    code = "import sys, kvforge.cli; print(' '.join(sorted(m for m in sys.modules if m.startswith('kvforge.'))))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    libraries = ("kvforge.flow", "kvforge.wheels", "kvforge.proof", "kvforge.env", "kvforge.ci", "kvforge.git",
+                 "kvforge.bench.")
+    assert [m for m in loaded if m.startswith(libraries)] == []
+    assert "kvforge.cli.upstream" in loaded  # every command is registered

@@ -6,7 +6,10 @@ replaces (the speed itself is measured by bench/rebase_vs_git_rebase.py, never b
 - engine.format_patches (one `git format-patch` for a stack) gives format_patch's bytes for each commit;
 - engine's worktree checks read from git's files agree with git (`worktree list`, `rev-parse --git-path`);
 - bases.import_archive (one pass over the archive) makes the commit the path-ordered inline import made;
-- gitutil.run_many returns what run returns, in order.
+- gitutil.run_many returns what run returns, in order;
+- gitutil.run's text calls (one subprocess each) return what GitPython's Git.execute returned for them;
+- pathindex.PathIndex.entries (the index file read directly) is what `git ls-files --stage` lists;
+- Probe's batched apply checks (one `git apply --check` of several patch files) answer as each check alone.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
 from helpers import CORE, git, make_patch
 
-from kvforge.git import engine
+from kvforge.git import engine, pathindex
 from kvforge.core import fsutil
 from kvforge.git import gitutil
 from kvforge.git.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
@@ -148,6 +152,26 @@ def test_format_patches_gives_format_patch_bytes(fake, monkeypatch):
     engine.format_patches(repo, fake.base, [a, d])
     assert engine.format_patch(repo, d) and any(args[-1] == d for _cwd, *args in calls)
 
+
+
+def test_format_patches_over_ranges_of_several_commits(fake, monkeypatch):
+    repo, head, commits = fake.upstream, fake.base, []
+    for k in range(6):
+        head = _commit_on(repo, head, {f"vllm_like/r{k}.py": ("", f"R = {k}\n")}, f"[Misc] r{k}\n\nBody {k}.")
+        commits.append(head)
+    expected = {x: engine.format_patch(repo, x) for x in commits}
+    engine._FORMATTED.clear()
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 1)  # 4 ranges for 6 commits: some hold two
+    ran = []
+    run_many = gitutil.run_many
+    monkeypatch.setattr(gitutil, "run_many", lambda cwd, calls, **kw: ran.extend(calls) or run_many(cwd, calls, **kw))
+    engine.format_patches(repo, fake.base, commits)
+    assert len(ran) == 4
+    calls = []
+    run = gitutil.run
+    monkeypatch.setattr(gitutil, "run", lambda *args, **kw: calls.append(args) or run(*args, **kw))
+    assert {x: engine.format_patch(repo, x) for x in commits} == expected
+    assert calls == []
 
 def test_worktree_state_read_from_files_agrees_with_git(fake, monkeypatch, tmp_path):
     bare = tmp_path / "repo.git"
@@ -433,3 +457,75 @@ def test_commits_without_a_worktree_for_every_kind_of_change(tmp_path, monkeypat
     assert engine.am_without_worktree(repo / ".git", base, [Path(f.name) for f in files[:-1]]) == made  # relative
     assert engine.am_without_worktree(repo / ".git", made[-1], files[-1:]) == []  # d/x.py: a file in the base
     assert engine.am_without_worktree(repo / ".git", made[-1], [*files[-1:], files[0]]) == []
+
+
+def test_text_calls_return_what_gitpython_returned(fake):
+    gitpython = pytest.importorskip("git")
+    repo = fake.upstream
+    (repo / "odd.txt").write_bytes(b"caf\xe9\n\n\n")  # not UTF-8, and trailing newlines
+    git(repo, "add", "odd.txt")
+    blob = git(repo, "rev-parse", ":odd.txt").strip()
+    calls = [("rev-parse", "HEAD"), ("cat-file", "-p", blob), ("log", "--format=%B", "-1"),
+             ("rev-parse", "no-such-rev"), ("cat-file", "-e", "0" * 40), ("status", "--porcelain")]
+    for args in calls:
+        code, out, err = gitpython.Git(str(repo)).execute(
+            ["git", *gitutil.HERMETIC, *args], with_extended_output=True, with_exceptions=False,
+            env=dict(gitutil.COMMITTER))
+        res = gitutil.run(repo, *args, check=False)
+        assert (res.returncode, res.stdout, res.stderr) == (code, out, err), args
+
+
+def test_index_entries_read_from_the_file_are_git_ls_files(fake, tmp_path):
+    repo = fake.upstream
+    long_name = "d/" + "n" * 5000  # a name longer than the flags can say
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo, input="x\n", text=True, check=True,
+                          capture_output=True).stdout.strip()
+    index = tmp_path / "index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    git(repo, "read-tree", "HEAD", env=env)
+    git(repo, "update-index", "--add", "--cacheinfo", f"100755,{blob},{long_name}", env=env)
+    git(repo, "update-index", "--add", "--cacheinfo", f"120000,{blob},link", env=env)
+    git(repo, "update-index", "--skip-worktree", CORE, env=env)  # an extended entry: version 3
+    for version in ("3", "2", "4"):
+        if version != "3":
+            git(repo, "update-index", "--no-skip-worktree", CORE, env=env)
+            git(repo, "update-index", "--index-version", version, env=env)
+        assert index.read_bytes()[4:8] == int(version).to_bytes(4, "big")
+        listed = {}
+        for record in filter(None, subprocess.run(["git", "ls-files", "--stage", "-z"], cwd=repo, check=True,
+                                                  capture_output=True, env={**os.environ, **env}).stdout.split(b"\0")):
+            meta, name = record.split(b"\t", 1)
+            mode, oid, _stage = meta.split()
+            listed[name] = (int(mode, 8), oid.decode())
+        made = pathindex.PathIndex.__new__(pathindex.PathIndex)
+        made.repo, made.index = repo / ".git", index
+        assert made.entries() == listed and long_name.encode() in listed
+
+
+def test_batched_apply_checks_answer_as_each_check_alone(fake, monkeypatch):
+    # Ten patches: four files the new base has (reverse-apply), four it lacks (forward), one it has with other
+    # content (neither way), one changing a file another patch makes (never in that one's batch).
+    specs = [(f"f{k}", {f"vllm_like/f{k}.py": ("", f"F{k} = {k}\n")}, "") for k in range(9)]
+    specs.append(("f0-again", {"vllm_like/f0.py": ("F0 = 0", "F0 = 10")}, ""))
+    patches, commits = _stack(fake, specs)
+    upstream = _commit_on(fake.upstream, fake.base, {**{f"vllm_like/f{k}.py": ("", f"F{k} = {k}\n") for k in range(4)},
+                                                     "vllm_like/f8.py": ("", "F8 = 'other'\n")}, "upstream")
+    nb = NewBase(fake.upstream / ".git", upstream, "0.2.0", upstream, False)
+    alone = [gather(nb, p, c) for p, c in zip(patches, commits)]
+    assert [s[0].fired for s in alone] == [True] * 4 + [False] * 4 + [None, False]
+    runs: list[list[list[str]]] = []
+    run_many = gitutil.run_many
+
+    def counting(cwd, calls, **kw):
+        runs.append([list(c) for c in calls])
+        return run_many(cwd, calls, **kw)
+
+    monkeypatch.setattr(gitutil, "run_many", counting)
+    with Probe(nb, patches, commits) as probe:
+        assert [gather(nb, p, c, probe=probe) for p, c in zip(patches, commits)] == alone
+    # A series the base lacks entirely: one reverse check per patch and one batch of forward checks, that passes.
+    runs.clear()
+    with Probe(nb, patches[4:8], commits[4:8]) as probe:
+        assert [gather(nb, p, c, probe=probe) for p, c in zip(patches[4:8], commits[4:8])] == alone[4:8]
+    checks = [c for calls in runs for c in calls if c[0] == "apply"]
+    assert sorted(sum(a.endswith(".patch") for a in c) for c in checks) == [1, 1, 1, 1, 4]

@@ -45,7 +45,7 @@ from kvforge.git.bases import Base
 from kvforge.env.venv import target_env
 from kvforge.core.errors import KvforgeError
 from kvforge.core.fsutil import remove_stale
-from kvforge.git.pathindex import PathIndex
+from kvforge.git.pathindex import PathIndex, named_paths
 from kvforge.project.series import Patch
 from kvforge.proof.testrun import run_pytest
 from kvforge.proof.verify import fail_kind
@@ -116,13 +116,16 @@ def gather(nb: NewBase, patch: "Patch", patch_commit: str | None, *,
 class Probe:
     """One new base's reads, shared by the signals of every patch of a series (a rebase plans them all
     against one base): the base's entries for the paths the series names are read once (pathindex.PathIndex;
-    the whole index, `git read-tree`, for a patch it cannot answer for) instead of once per check, the
-    reverse- and forward-apply checks of all the series' patches run as parallel processes in two waves
-    (forward only for the patches whose reverse check failed), the series' patch-ids come from one `git
-    cherry` over the whole stack, and which commits the repository holds from one `git cat-file
-    --batch-check`. Invariant: every answer is the one the same read made alone gives (a check against
-    the same index, the same git command); what a batch cannot answer exactly is asked alone.
-    Writes only its temporary directory, removed by close()."""
+    the whole index, `git read-tree`, for a patch it cannot answer for) instead of once per check; the
+    reverse-apply checks of all the series' patches run as parallel processes, and beside them their forward
+    checks in a few batches (one `git apply --check` of several patch files that name no path in common, see
+    _run_batches), then alone the forward checks no batch answered of the patches whose reverse check
+    failed; the series'
+    patch-ids come from one `git cherry` over the whole stack, and which commits the repository holds from one
+    `git cat-file --batch-check`. Invariant: every answer is the one the same read made alone gives (a check
+    against the same index, the same git command; of a check that passes only the pass is kept, its detail
+    is ""); what a batch cannot answer exactly is asked alone. Writes only its temporary directory, removed
+    by close()."""
 
     def __init__(self, nb: NewBase, patches: "Sequence[Patch]" = (), commits: "Sequence[str | None]" = ()):
         self.nb = nb
@@ -186,12 +189,13 @@ class Probe:
     def apply_check(self, patch: "Patch", paths: list[str], reverse: bool) -> tuple[bool, str]:
         """`git apply --cached --check [-R]` of `paths` of the patch against nb.commit (see _apply_check)."""
         self._prefetch()
-        key = (patch.sha256 + "\0" + "\0".join(paths), reverse)
+        key = _key(patch, paths, reverse)
         if key not in self._checks:
             self._run_checks([(patch, paths, reverse)])
         return self._checks[key]
 
     def _run_checks(self, todo: "list[tuple[Patch, list[str], bool]]") -> None:
+        """The checks `todo`, each alone, run at once."""
         groups: dict[str, tuple[dict[str, str], list[tuple[Patch, list[str], bool]]]] = {}
         for item in todo:
             env = self._env(item[0])
@@ -201,19 +205,54 @@ class Probe:
                       *[f"--include={p}" for p in paths], str(self._patch_file(patch))] for patch, paths, reverse in items]
             for (patch, paths, reverse), res in zip(items, gitutil.run_many(self.nb.repo.parent, calls, env=env)):
                 last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
-                self._checks[(patch.sha256 + "\0" + "\0".join(paths), reverse)] = (res.returncode == 0, last)
+                self._checks[_key(patch, paths, reverse)] = (res.returncode == 0, last)
 
     def _prefetch(self) -> None:
-        """Every reverse check of the series at once, then the forward checks of those that failed."""
+        """Every reverse check of the series alone and, at the same time, every forward check in batches; then
+        alone the forward checks no batch answered of the patches whose reverse check failed. A series that
+        carries its patches (every reverse check fails, every forward one passes) costs one process per patch
+        and a few batches, in one wave."""
         if self._prefetched:
             return
         self._prefetched = True
-        todo = [(p, code, True) for p in self._patches if (code := code_paths(p))]
+        todo = [(p, code) for p in self._patches if (code := code_paths(p))]
         if not todo:
             return
-        self._run_checks(todo)
-        self._run_checks([(p, code, False) for p, code, _ in todo
-                          if not self._checks[(p.sha256 + "\0" + "\0".join(code), True)][0]])
+        groups: dict[str, tuple[dict[str, str], list[list[tuple[Patch, list[str], bool]]]]] = {}
+        for p, code in todo:
+            env = self._env(p)
+            groups.setdefault(env["GIT_INDEX_FILE"], (env, []))[1].append([(p, code, True)])
+        forward: dict[str, list[tuple[Patch, list[str], bool]]] = {}
+        for p, code in todo:
+            forward.setdefault(self._env(p)["GIT_INDEX_FILE"], []).append((p, code, False))
+        for index, items in forward.items():
+            groups[index][1].extend(_batches(items, os.cpu_count() or 1))
+        self._run_batches(groups)
+        self._run_checks([(p, code, False) for p, code in todo
+                          if not self._checks[_key(p, code, True)][0] and _key(p, code, False) not in self._checks])
+
+    def _run_batches(self, groups: "dict[str, tuple[dict[str, str], list[list[tuple[Patch, list[str], bool]]]]]") \
+            -> None:
+        """Every batch of checks in `groups` (index file -> (its env, batches of checks against it)), all at
+        once: a batch of one is the check alone (its answer kept); a batch of several that passes answers each
+        of its checks (passed); one that fails answers none.
+
+        Exact because git apply checks each patch file of a run against the index as it is (--check writes
+        nothing) and fails the run when one does not apply, and the files of a batch name no path in common
+        (so another file's --include cannot change what is checked of a patch: only plain paths, no
+        wildcards, go into a batch, see _batches)."""
+        for env, batches in groups.values():
+            argv = [["apply", "--cached", "--check", *(["-R"] if batch[0][2] else []),
+                     *[f"--include={p}" for _, paths, _ in batch for p in paths],
+                     *[str(self._patch_file(patch)) for patch, _, _ in batch]] for batch in batches]
+            for batch, res in zip(batches, gitutil.run_many(self.nb.repo.parent, argv, env=env)):
+                if len(batch) == 1:
+                    patch, paths, reverse = batch[0]
+                    last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+                    self._checks[_key(patch, paths, reverse)] = (res.returncode == 0, last)
+                elif res.returncode == 0:
+                    for patch, paths, reverse in batch:
+                        self._checks[_key(patch, paths, reverse)] = (True, "")
 
     # ------------------------------------------------------------ commits
 
@@ -256,6 +295,40 @@ class Probe:
         lines = {ln[2:]: ln for ln in res.stdout.splitlines() if len(ln) > 2}
         if set(lines) == set(chain):
             self._cherry.update(lines)
+
+
+def _key(patch: "Patch", paths: list[str], reverse: bool) -> tuple[str, bool]:
+    """A check's key in Probe._checks: the patch's bytes, the paths checked, the direction."""
+    return (patch.sha256 + "\0" + "\0".join(paths), reverse)
+
+
+_WILDCARD = re.compile(r"[*?\[\\]")
+
+
+def _batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) -> "list[list[tuple[Patch, list[str], bool]]]":
+    """`items` (checks of one direction against one index) in batches whose patches name no path in common (both
+    sides of every diff, pathindex.named_paths): about `cpus` batches of at least 4 patches each, in series
+    order; a patch whose paths cannot be read plainly, or whose checked paths hold a wildcard, is a batch alone,
+    and so is each patch of a batch of fewer than 3 (such a batch saves at most one process when it passes and
+    costs one when it fails)."""
+    size = -(-len(items) // max(1, min(cpus, len(items) // 4)))
+    batches: list[list[tuple[Patch, list[str], bool]]] = []
+    alone: list[list[tuple[Patch, list[str], bool]]] = []
+    named: list[set[str]] = []
+    for item in items:
+        paths = named_paths(item[0].raw)
+        if paths is None or any(_WILDCARD.search(p) for p in item[1]):
+            alone.append([item])
+            continue
+        for batch, seen in zip(batches, named):
+            if len(batch) < size and not seen & paths:
+                batch.append(item)
+                seen |= paths
+                break
+        else:
+            batches.append([item])
+            named.append(set(paths))
+    return [b for b in batches if len(b) >= 3] + [[i] for b in batches if len(b) < 3 for i in b] + alone
 
 
 def is_test_path(path: str) -> bool:

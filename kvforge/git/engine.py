@@ -59,17 +59,20 @@ def format_patch(repo: Path, commit: str) -> bytes:
 
 
 def format_patches(repo: Path, base: str, commits: list[str]) -> None:
-    """Format the linear stack `commits` on `base` (full ids, oldest first), one `git format-patch` of a range per
-    commit, run at once (a few at a time per CPU: run_many; one run over the whole stack leaves the second CPU
-    idle, and the costs of the commits differ too much to split it evenly), for the format_patch calls that follow
-    (kvforge.rebase.commit reads each carried commit). Each patch is written with its own commit id in its
+    """Format the linear stack `commits` on `base` (full ids, oldest first), one `git format-patch` per range of
+    consecutive commits, run at once (a few at a time per CPU: run_many; one run over the whole stack leaves the
+    second CPU idle): a range per commit for a short stack (their costs differ too much to split it evenly), at
+    most 4 ranges per CPU for a long one (500 processes cost more than the diffs), for the format_patch calls
+    that follow (kvforge.rebase.commit reads each carried commit). Each patch is written with its own commit id in its
     `From` line (read back to pair file and commit, then zeroed: the bytes of --zero-commit); a result that does
     not pair one file with each commit is dropped (format_patch then runs per commit), so a later format_patch
     returns exactly what it would have computed alone."""
     if len(commits) < 2 or not all(_FULL_SHA.match(c) for c in commits):
         return
     opts = [o for o in FORMAT_PATCH if o not in ("-1", "--stdout", "--zero-commit")]
-    ranges = [f"{a}..{b}" for a, b in zip([base, *commits[:-1]], commits)]
+    parts = min(len(commits), 4 * (os.cpu_count() or 1))
+    ends = [len(commits) * (k + 1) // parts - 1 for k in range(parts)]
+    ranges = [f"{base if k == 0 else commits[ends[k - 1]]}..{commits[e]}" for k, e in enumerate(ends)]
     found: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="kvforge-format-") as tmp:
         outs = [Path(tmp) / str(k) for k in range(len(ranges))]

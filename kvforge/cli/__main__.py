@@ -1,0 +1,5 @@
+"""`python -m kvforge.cli`: the console script."""
+
+from kvforge.cli import main
+
+main()
