@@ -6,10 +6,7 @@ replaces (the speed itself is measured by bench/rebase_vs_git_rebase.py, never b
 - engine.format_patches (one `git format-patch` for a stack) gives format_patch's bytes for each commit;
 - engine's worktree checks read from git's files agree with git (`worktree list`, `rev-parse --git-path`);
 - bases.import_archive (one pass over the archive) makes the commit the path-ordered inline import made;
-- gitutil.run_many returns what run returns, in order;
-- gitutil.run's text calls (one subprocess each) return what GitPython's Git.execute returned for them;
-- pathindex.PathIndex.entries (the index file read directly) is what `git ls-files --stage` lists;
-- Probe's batched apply checks (one `git apply --check` of several patch files) answer as each check alone.
+- gitutil.run_many returns what run returns, in order.
 """
 
 from __future__ import annotations
@@ -21,10 +18,9 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import pytest
 from helpers import CORE, git, make_patch
 
-from kvforge.git import engine, pathindex
+from kvforge.git import engine
 from kvforge.core import fsutil
 from kvforge.git import gitutil
 from kvforge.git.bases import IMPORT_DATE, IMPORT_IDENT, import_archive
@@ -457,49 +453,6 @@ def test_commits_without_a_worktree_for_every_kind_of_change(tmp_path, monkeypat
     assert engine.am_without_worktree(repo / ".git", base, [Path(f.name) for f in files[:-1]]) == made  # relative
     assert engine.am_without_worktree(repo / ".git", made[-1], files[-1:]) == []  # d/x.py: a file in the base
     assert engine.am_without_worktree(repo / ".git", made[-1], [*files[-1:], files[0]]) == []
-
-
-def test_text_calls_return_what_gitpython_returned(fake):
-    gitpython = pytest.importorskip("git")
-    repo = fake.upstream
-    (repo / "odd.txt").write_bytes(b"caf\xe9\n\n\n")  # not UTF-8, and trailing newlines
-    git(repo, "add", "odd.txt")
-    blob = git(repo, "rev-parse", ":odd.txt").strip()
-    calls = [("rev-parse", "HEAD"), ("cat-file", "-p", blob), ("log", "--format=%B", "-1"),
-             ("rev-parse", "no-such-rev"), ("cat-file", "-e", "0" * 40), ("status", "--porcelain")]
-    for args in calls:
-        code, out, err = gitpython.Git(str(repo)).execute(
-            ["git", *gitutil.HERMETIC, *args], with_extended_output=True, with_exceptions=False,
-            env=dict(gitutil.COMMITTER))
-        res = gitutil.run(repo, *args, check=False)
-        assert (res.returncode, res.stdout, res.stderr) == (code, out, err), args
-
-
-def test_index_entries_read_from_the_file_are_git_ls_files(fake, tmp_path):
-    repo = fake.upstream
-    long_name = "d/" + "n" * 5000  # a name longer than the flags can say
-    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo, input="x\n", text=True, check=True,
-                          capture_output=True).stdout.strip()
-    index = tmp_path / "index"
-    env = {"GIT_INDEX_FILE": str(index)}
-    git(repo, "read-tree", "HEAD", env=env)
-    git(repo, "update-index", "--add", "--cacheinfo", f"100755,{blob},{long_name}", env=env)
-    git(repo, "update-index", "--add", "--cacheinfo", f"120000,{blob},link", env=env)
-    git(repo, "update-index", "--skip-worktree", CORE, env=env)  # an extended entry: version 3
-    for version in ("3", "2", "4"):
-        if version != "3":
-            git(repo, "update-index", "--no-skip-worktree", CORE, env=env)
-            git(repo, "update-index", "--index-version", version, env=env)
-        assert index.read_bytes()[4:8] == int(version).to_bytes(4, "big")
-        listed = {}
-        for record in filter(None, subprocess.run(["git", "ls-files", "--stage", "-z"], cwd=repo, check=True,
-                                                  capture_output=True, env={**os.environ, **env}).stdout.split(b"\0")):
-            meta, name = record.split(b"\t", 1)
-            mode, oid, _stage = meta.split()
-            listed[name] = (int(mode, 8), oid.decode())
-        made = pathindex.PathIndex.__new__(pathindex.PathIndex)
-        made.repo, made.index = repo / ".git", index
-        assert made.entries() == listed and long_name.encode() in listed
 
 
 def test_batched_apply_checks_answer_as_each_check_alone(fake, monkeypatch):

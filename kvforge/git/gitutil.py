@@ -2,23 +2,21 @@
 
 LC_ALL=C (so messages can be parsed), kvforge's committer identity (commits never depend on the
 user's git config) and HERMETIC config (no hooks, no autocrlf, no quoted paths) are fixed here.
-Every call is one subprocess (GitPython's conventions kept: LANGUAGE=C, LC_ALL=C; a text call's stdout and
-stderr lose one final newline and are decoded with the file system's encoding, undecodable bytes escaped; a
-timed-out call's process and its children are killed). A commit's files leave the repository through
-`archive`/`export` (one `git archive`).
+GitPython executes the calls; calls that feed standard input go through subprocess with the same
+environment. A commit's files leave the repository through `archive`/`export` (one `git archive`).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import signal
 import subprocess
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence, overload
+
+import git
 
 from kvforge.core.errors import EXIT_ENV, KvforgeError
 
@@ -79,17 +77,17 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
     out: str | bytes
     try:
         if stdin is None and not binary:
-            code, out, err = _execute(cmd, cwd, env, timeout)
+            code, out, err = git.Git(str(cwd)).execute(
+                cmd, with_extended_output=True, with_exceptions=False,
+                env={**COMMITTER, **(env or {})}, kill_after_timeout=timeout)
         else:
             data = stdin.encode() if isinstance(stdin, str) else stdin
             proc = subprocess.run(cmd, cwd=cwd, input=data, capture_output=True, timeout=timeout,
                                   env=_plain_env(env))
             code, err = proc.returncode, proc.stderr.decode(errors="replace")
             out = proc.stdout if binary else proc.stdout.decode(errors="replace").rstrip("\n")
-    except _NotFound:
-        raise KvforgeError("git is not installed or not on PATH", EXIT_ENV) from None
-    except FileNotFoundError:
-        if not Path(cwd).is_dir():
+    except (git.GitCommandNotFound, FileNotFoundError) as exc:
+        if isinstance(exc, FileNotFoundError) and not Path(cwd).is_dir():
             raise KvforgeError(f"{cwd}: directory does not exist", EXIT_ENV) from None
         raise KvforgeError("git is not installed or not on PATH", EXIT_ENV) from None
     res: Result | BinaryResult = (BinaryResult(code, out, err) if isinstance(out, bytes)
@@ -101,61 +99,8 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
     return res
 
 
-class _NotFound(Exception):
-    """A text call's git could not be started."""
-
-
-def _execute(cmd: list[str], cwd: Path, env: dict | None, timeout: float | None) -> tuple[int, str, str]:
-    """A text call as GitPython's Git.execute(with_extended_output=True, with_exceptions=False) made it: run in
-    `cwd`, or in the process's directory when `cwd` cannot be entered; stdin from /dev/null; stdout and stderr
-    each without one final newline, decoded with the file system's encoding (surrogateescape); after `timeout`
-    seconds the process and its children are killed and stderr says so."""
-    where: Path | None = cwd if os.access(cwd, os.X_OK) else None
-    try:
-        proc = subprocess.Popen(cmd, cwd=where, env=_plain_env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-    except FileNotFoundError as exc:
-        raise _NotFound() from exc
-    timed_out = False
-    with proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_tree(proc.pid)
-            out, err = proc.communicate()
-        except BaseException:  # interrupted: end git before passing it on
-            proc.kill()
-            raise
-    out = out[:-1] if out.endswith(b"\n") else out
-    err = err[:-1] if err.endswith(b"\n") else err
-    text_err = err.decode(_FS_ENCODING, "surrogateescape")
-    if timed_out:
-        text_err = f'Timeout: the command "{" ".join(cmd)}" did not complete in {timeout:g} secs.'
-    return proc.returncode, out.decode(_FS_ENCODING, "surrogateescape"), text_err
-
-
-_FS_ENCODING = sys.getfilesystemencoding()
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and its descendants (found with `pgrep -P` before any is signalled)."""
-    pids = [pid]
-    for parent in pids:
-        try:
-            found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout
-        except OSError:
-            continue
-        pids += [int(x) for x in found.split() if x.isdigit()]
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def _plain_env(extra: dict | None = None) -> dict:
-    """The environment of every git call: the process's, with LC_ALL=C, LANGUAGE=C and kvforge's committer."""
+    """What GitPython sets up for its own calls, for the calls made through subprocess directly."""
     return {**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(extra or {})}
 
 

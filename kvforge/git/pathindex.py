@@ -12,8 +12,9 @@ Owns only its own index file; writes objects to no repository.
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
+
+from git.index.fun import read_cache
 
 from kvforge.git import gitutil
 
@@ -81,40 +82,11 @@ class PathIndex:
                 "GIT_DIR": str(self.repo)}
 
     def entries(self) -> dict[bytes, tuple[int, str]]:
-        """The index as it is now: path -> (mode, object id), stage 0 (read from the file: an index of version 2
-        or 3, as git writes it by default; any other version through `git ls-files --stage`)."""
-        data = self.index.read_bytes()
-        if data[:4] != b"DIRC":
-            raise ValueError(f"{self.index}: not a git index")
-        version, count = struct.unpack_from(">LL", data, 4)
-        if version not in (2, 3):
-            listing = gitutil.run(self.index.parent, "ls-files", "--stage", "-z", env=self.env, binary=True).stdout
-            out: dict[bytes, tuple[int, str]] = {}
-            for record in filter(None, listing.split(b"\0")):
-                meta, name = record.split(b"\t", 1)
-                mode, oid, stage = meta.split()
-                if stage == b"0":
-                    out[name] = (int(mode, 8), oid.decode())
-            return out
-        return _entries(data, count)
-
-
-def _entries(data: bytes, count: int) -> dict[bytes, tuple[int, str]]:
-    """The stage-0 entries of an index of version 2 or 3 (`data`, `count` entries from offset 12): each a fixed
-    62-byte part (mode at 24, object id at 40, flags at 60), 2 more bytes when extended, the name (its length in
-    the flags, NUL-terminated when 0xFFF or longer), NUL-padded to a multiple of 8 bytes."""
-    out: dict[bytes, tuple[int, str]] = {}
-    unpack, pos = struct.unpack_from, 12
-    for _ in range(count):
-        mode, = unpack(">L", data, pos + 24)
-        flags, = unpack(">H", data, pos + 60)
-        name_at = pos + (64 if flags & 0x4000 else 62)
-        length = flags & 0xFFF
-        end = data.index(b"\0", name_at + length) if length == 0xFFF else name_at + length
-        if not flags & 0x3000:
-            out[data[name_at:end]] = (mode, data[pos + 40:pos + 60].hex())
-        pos += (end - pos + 8) & ~7
-    return out
+        """The index as it is now: path -> (mode, object id), stage 0 (read with GitPython)."""
+        with open(self.index, "rb") as stream:
+            _, found, _, _ = read_cache(stream)
+        return {str(e.path).encode("utf-8", "surrogateescape"): (e.mode, e.hexsha)
+                for (_, stage), e in found.items() if stage == 0}
 
 
 def _parents(path: str) -> list[str]:
