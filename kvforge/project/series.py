@@ -159,14 +159,16 @@ def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
                    problems=list(done.problems))
 
 
-@functools.lru_cache(maxsize=256)
+# Sized for the longest series kvforge meets (a 500-patch rebase reads each patch in several passes: with 256
+# entries each pass evicted what the next one needed).
+@functools.lru_cache(maxsize=4096)
 def _clean(raw: bytes) -> Patch | None:
     """The parse of `raw` when it has no problem (a Problem names the path), else None."""
     done = _parse(Path("kvforge-unnamed.patch"), raw)
     return None if done.problems else done
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _parsed(path: Path, raw: bytes) -> Patch:
     """The parse of a patch with problems, which name `path`."""
     return _parse(path, raw)
