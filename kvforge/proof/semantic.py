@@ -59,6 +59,7 @@ class Definition:
     parent: str  # qualified name of the enclosing definition ("" at module level)
     in_function: bool  # nested inside a function (not reachable from outside it)
     decorators: list[tuple[str, int]] = field(default_factory=list)  # (source, line)
+    text: str = ""  # the source lines of its body: equal text means an equal body (the fast path)
 
     @property
     def short(self) -> str:
@@ -88,9 +89,15 @@ def _sub_bodies(stmt: ast.stmt) -> list[list[ast.stmt]]:
 DEF_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def definitions(tree: ast.Module) -> dict[str, Definition]:
+def _lines(node: ast.AST, lines: list[str], first: int | None = None) -> str:
+    start = first if first is not None else getattr(node, "lineno", 1)
+    return "\n".join(lines[start - 1:getattr(node, "end_lineno", None) or start])
+
+
+def definitions(tree: ast.Module, lines: list[str] | None = None) -> dict[str, Definition]:
     """Every function, method, class and nested definition, by qualified name, in source order."""
     out: dict[str, Definition] = {}
+    lines = lines or []
 
     def walk(body: list[ast.stmt], prefix: str, in_function: bool) -> None:
         for stmt in body:
@@ -102,7 +109,8 @@ def definitions(tree: ast.Module) -> dict[str, Definition]:
                     qual, k = f"{base}@{k}", k + 1
                 out[qual] = Definition(qual, "class" if isinstance(stmt, ast.ClassDef) else "def", stmt,
                                        stmt.lineno, prefix, in_function,
-                                       [(ast.unparse(d), d.lineno) for d in stmt.decorator_list])
+                                       [(ast.unparse(d), d.lineno) for d in stmt.decorator_list],
+                                       _lines(stmt, lines, stmt.body[0].lineno))
                 walk(stmt.body, qual, in_function or not isinstance(stmt, ast.ClassDef))
             else:
                 for sub in _sub_bodies(stmt):
@@ -184,13 +192,29 @@ def signature_changes(old: ast.FunctionDef | ast.AsyncFunctionDef,
 
 # ---------------------------------------------------------------- module-level statements
 
-@dataclass(frozen=True)
+@dataclass
 class Statement:
     kind: str  # import | assignment | call | statement
     key: str  # what an acknowledgement names: imported names, targets, callee
-    text: str  # one line of source, for the listing
-    dump: str
+    node: ast.stmt
+    source: str  # its source lines: equal source means an equal statement (the fast path)
     line: int
+    _dump: str = ""
+
+    @property
+    def text(self) -> str:
+        """One line of source, for the listing."""
+        if self.kind == "statement" and self.key == "docstring":
+            value = self.node.value.value if isinstance(self.node, ast.Expr) and \
+                isinstance(self.node.value, ast.Constant) else ""
+            return _short(repr(value))
+        return _short(ast.unparse(self.node))
+
+    @property
+    def dump(self) -> str:
+        if not self._dump:
+            self._dump = ast.dump(self.node)
+        return self._dump
 
 
 def _short(text: str, width: int = 90) -> str:
@@ -198,7 +222,7 @@ def _short(text: str, width: int = 90) -> str:
     return one if len(one) <= width else one[:width - 3] + "..."
 
 
-def module_statements(tree: ast.Module) -> list[Statement]:
+def module_statements(tree: ast.Module, lines: list[str] | None = None) -> list[Statement]:
     """The statements that run at import (definitions aside), those inside module-level if/try/with
     blocks included, in source order."""
     out: list[Statement] = []
@@ -212,35 +236,34 @@ def module_statements(tree: ast.Module) -> list[Statement]:
                 for sub in subs:
                     walk(sub)
                 continue
-            out.append(_statement(stmt))
+            out.append(_statement(stmt, _lines(stmt, lines or [])))
 
     walk(tree.body)
     return out
 
 
-def _statement(stmt: ast.stmt) -> Statement:
-    text = _short(ast.unparse(stmt))
-    dump = ast.dump(stmt)
-    if isinstance(stmt, ast.Import):
-        return Statement("import", ", ".join(a.asname or a.name for a in stmt.names), text, dump, stmt.lineno)
-    if isinstance(stmt, ast.ImportFrom):
-        return Statement("import", ", ".join(a.asname or a.name for a in stmt.names), text, dump, stmt.lineno)
+def _statement(stmt: ast.stmt, source: str) -> Statement:
+    def make(kind: str, key: str) -> Statement:
+        return Statement(kind, key, stmt, source, stmt.lineno)
+
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return make("import", ", ".join(a.asname or a.name for a in stmt.names))
     if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return Statement("assignment", ", ".join(ast.unparse(t) for t in targets), text, dump, stmt.lineno)
+        return make("assignment", ", ".join(ast.unparse(t) for t in targets))
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Call, ast.Await)):
         call = stmt.value.value if isinstance(stmt.value, ast.Await) else stmt.value
-        key = ast.unparse(call.func) if isinstance(call, ast.Call) else ast.unparse(call)
-        return Statement("call", key, text, dump, stmt.lineno)
+        return make("call", ast.unparse(call.func) if isinstance(call, ast.Call) else ast.unparse(call))
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-        return Statement("statement", "docstring", _short(repr(stmt.value.value)), dump, stmt.lineno)
-    return Statement("statement", type(stmt).__name__.lower(), text, dump, stmt.lineno)
+        return make("statement", "docstring")
+    return make("statement", type(stmt).__name__.lower())
 
 
 def _statement_changes(old: list[Statement], new: list[Statement]) -> list[Change]:
-    """Statements added and removed (difflib over their trees; a statement that only moved is neither);
-    an import or assignment of the same key on both sides is one change of it."""
-    sm = difflib.SequenceMatcher(a=[s.dump for s in old], b=[s.dump for s in new], autojunk=False)
+    """Statements added and removed (difflib over their source, then their trees: a statement whose
+    source differs only in comments or layout, or that only moved, is neither); an import or
+    assignment of the same key on both sides is one change of it."""
+    sm = difflib.SequenceMatcher(a=[s.source for s in old], b=[s.source for s in new], autojunk=False)
     removed: list[Statement] = []
     added: list[Statement] = []
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
@@ -286,16 +309,17 @@ def compare(old_text: str | None, new_text: str | None) -> list[Change]:
     """The changes from `old_text` to `new_text` (None: the file does not exist on that side), in the
     order of the patched file's lines. Raises Unparsable when a side is not Python this interpreter reads."""
     old_tree, new_tree = parse(old_text, "base"), parse(new_text, "patched")
-    old_defs, new_defs = definitions(old_tree), definitions(new_tree)
+    old_lines, new_lines = (old_text or "").split("\n"), (new_text or "").split("\n")
+    old_defs, new_defs = definitions(old_tree, old_lines), definitions(new_tree, new_lines)
     changes: list[Change] = []
     gone = [d for q, d in old_defs.items() if q not in new_defs]
     fresh = [d for q, d in new_defs.items() if q not in old_defs]
     # Renames and moves: a definition gone and one new with the same kind and body, one to one.
     pairs: dict[str, Definition] = {}  # old qualname -> new definition
     by_body: dict[tuple[str, str], list[Definition]] = {}
-    for d in fresh:
+    for d in fresh if gone else []:
         by_body.setdefault((d.kind, _body_key(d)), []).append(d)
-    gone_keys = [(d.kind, _body_key(d)) for d in gone]
+    gone_keys = [(d.kind, _body_key(d)) for d in gone] if fresh else []
     for d, key in zip(gone, gone_keys):
         match = by_body.get(key, [])
         if len(match) == 1 and gone_keys.count(key) == 1 and _substantial(d):
@@ -334,6 +358,8 @@ def compare(old_text: str | None, new_text: str | None) -> list[Change]:
             if nd.count(src) > od.count(src):
                 gained.append((src, n, line))
         on, nn = o.node, n.node
+        if o.text == n.text and o.qualname == n.qualname and _head(o) == _head(n):
+            continue  # the same source: nothing in it changed
         if isinstance(on, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(nn, (ast.FunctionDef,
                                                                                        ast.AsyncFunctionDef)):
             sig = signature_changes(on, nn)
@@ -373,8 +399,18 @@ def compare(old_text: str | None, new_text: str | None) -> list[Change]:
         if d.qualname not in fresh_unpaired:  # a new definition's decorators are part of it
             changes.append(Change("decorator-added", d.qualname, line, f"@{src} added to {d.qualname}",
                                   public=public(d.qualname)))
-    changes += _statement_changes(module_statements(old_tree), module_statements(new_tree))
+    changes += _statement_changes(module_statements(old_tree, old_lines), module_statements(new_tree, new_lines))
     return sorted(changes, key=lambda c: (c.line, KINDS.index(c.kind) if c.kind in KINDS else 99))
+
+
+def _head(d: Definition) -> str:
+    """A definition's own line(s) before its body: name, parameters, bases, return annotation."""
+    node = d.node
+    assert isinstance(node, DEF_NODES)
+    if isinstance(node, ast.ClassDef):
+        return ast.dump(ast.Tuple(elts=[*node.bases, *[k.value for k in node.keywords]], ctx=ast.Load())) + \
+            ",".join(k.arg or "" for k in node.keywords)
+    return ast.dump(node.args) + (ast.dump(node.returns) if node.returns else "") + type(node).__name__
 
 
 def _substantial(d: Definition) -> bool:
