@@ -62,7 +62,9 @@ PATCHES: dict[str, tuple[dict[str, tuple[str, str]], tuple[str, str] | None]] = 
                            "    def get_usage(self) -> float:\n")}, None),
     "body-edit": ({POOL: ("        if not total_gpu_blocks:\n            return 0\n",
                           "        if total_gpu_blocks <= 0:\n            return 0.0\n")}, None),
-    "comment": ({UTILS: ("def get_block_hash(", "# The hash without its group id.\ndef get_block_hash(")}, None),
+    "comment": ({UTILS: ("def get_block_hash(", "# The hash without its group id.\ndef get_block_hash("),
+                 SCHED: ("        return status in (\n", "        # Waiting on something outside the scheduler.\n"
+                                                       "        return status in (\n")}, None),
 }
 RISKY = ["decorator-moved", "staticmethod-dropped", "default-changed", "referenced-removed", "module-call-added"]
 
@@ -125,7 +127,7 @@ def test_harmless_changes_are_listed_never_flagged(audited):
     assert [(f.change.kind, f.change.name) for f in new_method.findings] == [
         ("added", "BlockPool.num_used_blocks"), ("added", "BlockPool.describe")]
     assert [(f.change.kind, f.change.name) for f in body.findings] == [("body", "BlockPool.get_usage")]
-    assert comment.findings == [] and [f.path for f in comment.files] == [UTILS]
+    assert comment.findings == [] and sorted(f.path for f in comment.files) == [UTILS, SCHED]
     assert not any(f.risky for p in (new_method, body, comment) for f in p.findings)
 
 
