@@ -7,7 +7,8 @@ applies it, timed apart as "stack"), the blobs of the files each patch names rea
 `git cat-file --batch`, both sides of each Python file parsed and compared, and the patched tree
 grepped for every name a patch removes. The baseline is `git diff --stat base..top` of the same
 stack in the same repository: what a reviewer runs to see the series' size. Medians of --repeat
-runs; the last line is the goal: the largest series (most changed lines) audited in under 2 s.
+runs; the last line is the goal: the largest series (most changed lines) audited in under 2 s (said,
+never an exit status: a benchmark measures).
 
 Usage: python bench/audit_speed.py [--repeat 5] [--cache-dir DIR]
 """
@@ -81,7 +82,7 @@ def main() -> int:
     verdict = "met" if audit_s < GOAL else "MISSED"
     print(f"largest series {label} ({size} patches, {lines} lines changed): audit {audit_s:.3f} s, "
           f"git diff --stat {diff_s:.3f} s (goal < {GOAL:.0f} s: {verdict}); median of {args.repeat}")
-    return 0 if audit_s < GOAL else 1
+    return 0
 
 
 if __name__ == "__main__":
