@@ -222,3 +222,47 @@ def test_author_without_a_sign_off_of_their_own_is_a_problem(tmp_path, fake):
     (series_dir / "series").write_text("0001-k.patch\n")
     res = CliRunner().invoke(main, ["lint"])
     assert res.exit_code == 1 and "0001-k.patch:17: the author 'k <k@x>'" in res.output
+
+
+# ---------------------------------------------------------------- Acknowledges: (the audit's risky changes a patch means)
+
+def test_acknowledges_trailers_parse_with_kind_name_file_and_reason(tmp_path):
+    block = GOOD_TRAILERS.replace(
+        "Signed-off-by:",
+        "Acknowledges: signature BlockPool.cache_full_blocks: block_mask is optional, every caller keeps working\n"
+        "Acknowledges: decorator-moved vllm/v1/worker/gpu_model_runner.py::GPUModelRunner.execute_model\n"
+        "Acknowledges: call-added logger.debug: a log line at import\n"
+        " that wraps onto a continuation line\n"
+        "Signed-off-by:")
+    patch = parse_patch(write(tmp_path, "0001-x.patch", patch_text(block)))
+    assert messages(patch) == []
+    acks = patch.acknowledgements
+    assert [(a.kind, a.path, a.name) for a in acks] == [
+        ("signature", "", "BlockPool.cache_full_blocks"),
+        ("decorator-moved", "vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner.execute_model"),
+        ("call-added", "", "logger.debug")]
+    assert acks[0].reason == "block_mask is optional, every caller keeps working"
+    assert acks[2].reason == "a log line at import that wraps onto a continuation line"
+    assert acks[1].reason == "" and acks[0].line == 17
+    assert acks[1].matches("decorator-moved", ("GPUModelRunner.execute_model",), "vllm/v1/worker/gpu_model_runner.py")
+    assert not acks[1].matches("decorator-moved", ("GPUModelRunner.execute_model",), "vllm/other.py")
+    assert acks[0].matches("signature", ("BlockPool.cache_full_blocks",), "vllm/v1/core/block_pool.py")
+
+
+def test_acknowledges_lint_names_a_bad_kind_a_bad_shape_and_a_duplicate(tmp_path):
+    block = GOOD_TRAILERS.replace(
+        "Signed-off-by:",
+        "Acknowledges: added Foo.bar: new methods are never flagged\n"
+        "Acknowledges: signature\n"
+        "Acknowledges: removed old_helper: callers moved to new_helper\n"
+        "Acknowledges: removed old_helper: again\n"
+        "Signed-off-by:")
+    patch = parse_patch(write(tmp_path, "0001-x.patch", patch_text(block)))
+    got = messages(patch)
+    assert len(got) == 3, got
+    assert "0001-x.patch:17: Acknowledges 'added Foo.bar: new methods are never flagged': 'added' is not a kind to " \
+           "acknowledge (decorator-moved, decorator-removed, removed, renamed, signature, call-added)" in got[0]
+    assert "0001-x.patch:18: Acknowledges 'signature' must be '<kind> [<file>::]<qualified name>[: <reason>]'" in got[1]
+    assert "0001-x.patch:20: Acknowledges removed old_helper given twice (first on line 19)" in got[2]
+    assert [str(a) for a in patch.acknowledgements] == ["removed old_helper: callers moved to new_helper",
+                                                        "removed old_helper: again"]

@@ -890,3 +890,28 @@ def _real_fixes_get_descriptions(project, base, monkeypatch):
             assert "kvforge verify" not in data["body"] and "Drop when" not in data["body"]
     res = kvforge("notes", "-t", "t")
     assert res.exit_code == 0 and res.stdout.count("\n### ") == len(fixes)
+
+
+# ---------------------------------------------------------------- Acknowledges: in the PR text
+
+def test_acknowledged_changes_go_beside_the_user_facing_ones(fake, monkeypatch):
+    """What the header acknowledges changing on purpose is where reviewers look for interface changes
+    (the user-facing line); release notes keep only the user-facing settings."""
+    use_fake_policy(fake, monkeypatch)
+    give_base_a_template(fake, "vllm-0.20.2.PULL_REQUEST_TEMPLATE.md")
+    msg = CLAMP_MSG.format(ident=IDENT).replace(
+        "Signed-off-by:", "Acknowledges: signature clamp: hi is honoured now; callers\n pass it already\n"
+                          "Acknowledges: removed vllm_like/core.py::clamp_low\nSigned-off-by:")
+    commit_patch(fake, "0001-clamp-upper", CLAMP_FIX, msg, fake.base)
+    fake.series("0001-clamp-upper")
+    patch = read_series(fake.root / "patches" / "fake").patches[0]
+    assert facts.acknowledged(patch) == [
+        "the signature of `clamp` changes on purpose (hi is honoured now; callers pass it already)",
+        "`clamp_low` is removed in `vllm_like/core.py` on purpose"]
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper")
+    assert res.exit_code == 0, res.output
+    assert ("User-facing: the signature of `clamp` changes on purpose (hi is honoured now; callers pass it "
+            "already); `clamp_low` is removed in `vllm_like/core.py` on purpose.") in res.stdout
+    notes = kvforge("notes", "-t", "fake")
+    assert notes.exit_code == 0, notes.output
+    assert "on purpose" not in notes.stdout

@@ -39,6 +39,10 @@ STATUSES = {
 DROP_WHEN_RE = re.compile(
     r"^(base-contains [0-9a-f]{7,40}|version >= \d+\.\d+(\.\d+)?\S*|upstream-pr-merged https?://\S+|never(\s+\[.+\])?)$"
 )
+# Acknowledges: the risky kinds of change a patch may declare it means (kvforge.proof.audit flags the others).
+ACK_KINDS = ("decorator-moved", "decorator-removed", "removed", "renamed", "signature", "call-added")
+ACK_RE = re.compile(r"^(?P<kind>[a-z-]+)\s+(?:(?P<path>[\w./-]+\.py)::)?(?P<name>[A-Za-z_][\w.]*(?:@\d+)?)"
+                    r"(?::\s+(?P<reason>\S.*))?$")
 REQUIRED = ("Fix-Id", "Kind", "Upstream-Status", "Why", "Drop-When", "Signed-off-by")
 SINGLE = ("Fix-Id", "Kind", "Upstream-Status", "Why", "Drop-When")
 
@@ -61,6 +65,32 @@ class Trailer:
     key: str
     value: str
     line: int
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """`Acknowledges: <kind> [<file>::]<qualified name>[: <reason>]`: a change of a risky kind the patch means."""
+
+    kind: str
+    name: str
+    path: str  # "" when the name alone says it (any file the patch touches)
+    reason: str
+    line: int
+
+    def matches(self, kind: str, names: tuple[str, ...], path: str) -> bool:
+        return self.kind == kind and self.name in names and self.path in ("", path)
+
+    def __str__(self) -> str:
+        where = f"{self.path}::" if self.path else ""
+        return f"{self.kind} {where}{self.name}" + (f": {self.reason}" if self.reason else "")
+
+
+def parse_acknowledgement(value: str, line: int = 0) -> Acknowledgement | None:
+    """One Acknowledges: value, or None when it is not `<kind> [<file>::]<name>[: <reason>]` of a known kind."""
+    m = ACK_RE.match(value.strip())
+    if not m or m.group("kind") not in ACK_KINDS:
+        return None
+    return Acknowledgement(m.group("kind"), m.group("name"), m.group("path") or "", m.group("reason") or "", line)
 
 
 @dataclass
@@ -106,6 +136,17 @@ class Patch:
     @property
     def depends_on(self) -> list[str]:
         return self.values("Depends-On")
+
+    @property
+    def acknowledgements(self) -> list[Acknowledgement]:
+        """The well-formed Acknowledges: trailers, in order (lint reports the others)."""
+        out = []
+        for t in self.trailers:
+            if t.key.lower() == "acknowledges":
+                ack = parse_acknowledgement(t.value, t.line)
+                if ack is not None:
+                    out.append(ack)
+        return out
 
     @property
     def touched_paths(self) -> list[str]:
@@ -314,10 +355,25 @@ def _check_trailers(patch: Patch, block_line: int, bad) -> None:
                 bad(t.line, f"Checks {v!r} is not a pytest node id (path/to/test_x.py::test_name)")
             elif not _safe_relpath(v.split("::")[0]):
                 bad(t.line, f"Checks {v!r} points outside the tree")
+        elif t.key == "Acknowledges" and parse_acknowledgement(v) is None:
+            m = ACK_RE.match(v)
+            if m and m.group("kind") not in ACK_KINDS:
+                bad(t.line, f"Acknowledges {v!r}: {m.group('kind')!r} is not a kind to acknowledge "
+                            f"({', '.join(ACK_KINDS)})")
+            else:
+                bad(t.line, f"Acknowledges {v!r} must be '<kind> [<file>::]<qualified name>[: <reason>]'")
         elif t.key == "Depends-On" and not FIX_ID_RE.match(v):
             bad(t.line, f"Depends-On {v!r} is not a Fix-Id")
         elif t.key == "Signed-off-by" and not re.match(r"^.+ <[^<>@\s]+@[^<>\s]+>$", v):
             bad(t.line, f"Signed-off-by {v!r} must be 'Name <email>'")
+    acks: dict[tuple[str, str, str], int] = {}
+    for t in seen.get("Acknowledges", []):
+        ack = parse_acknowledgement(t.value, t.line)
+        if ack is not None:
+            ack_key = (ack.kind, ack.path, ack.name)
+            if ack_key in acks:
+                bad(t.line, f"Acknowledges {ack.kind} {ack.name} given twice (first on line {acks[ack_key]})")
+            acks.setdefault(ack_key, t.line)
     if patch.kind == "fix" and "Checks" not in seen and "Kind" in seen:
         bad(block_line, "Kind fix needs at least one 'Checks:' test that proves it (or say 'Kind: refactor')")
     _check_author_signoff(patch, seen.get("Signed-off-by", []), block_line, bad)

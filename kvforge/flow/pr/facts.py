@@ -1,5 +1,6 @@
 """What a patch says, as a text shows it: its message (unwrapped for markdown), its links and
-upstream status, Drop-When in words, what it changes that a user can set or see, its Depends-On
+upstream status, Drop-When in words, what it changes that a user can set or see, the changes its
+header acknowledges making on purpose (Acknowledges:, kvforge audit's risky kinds), its Depends-On
 chain, its DCO sign-offs and its diffstat.
 
 Pure functions of a patch (and, for the diffstat, of the stack it is applied in): nothing here
@@ -145,6 +146,26 @@ def user_facing(patch: Patch) -> list[str]:
     for opt in dict.fromkeys(options):
         if f"engine argument `{opt}`" not in out:
             add(f"the handling of `{opt}` (the patch's own code reads or checks it)")
+    return out
+
+
+ACKNOWLEDGED = {
+    "signature": "the signature of `{name}` changes",
+    "removed": "`{name}` is removed",
+    "renamed": "`{name}` is renamed",
+    "decorator-moved": "a decorator moves off `{name}`",
+    "decorator-removed": "a decorator is removed from `{name}`",
+    "call-added": "a call to `{name}` runs at import",
+}
+
+
+def acknowledged(patch: Patch) -> list[str]:
+    """The API changes the patch's header says it makes on purpose (its Acknowledges: trailers), one
+    phrase each for a reviewer: what changes and, in parentheses, the header's reason."""
+    out = []
+    for a in patch.acknowledgements:
+        what = ACKNOWLEDGED[a.kind].format(name=a.name) + (f" in `{a.path}`" if a.path else "")
+        out.append(f"{what} on purpose" + (f" ({a.reason})" if a.reason else ""))
     return out
 
 

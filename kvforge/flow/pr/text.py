@@ -1,5 +1,6 @@
 """A text's shape (`Text`), the data every template gets (target, base, series, one patch), and the
-PR description of one fix (`pull_request`).
+PR description of one fix (`pull_request`), whose user-facing line also names the changes the
+patch's header acknowledges making on purpose (release notes list only the user-facing ones).
 
 Invariants: a PR is described only for a fix the upstream policy routes to a PR (kvforge.flow.prpolicy),
 in the style of the component's upstream (never the user's choice), with every commit it carries
@@ -20,7 +21,7 @@ from kvforge.flow.pr.conventions import (STYLES, UpstreamTemplate, ascend_branch
                                          check_vllm_title, split_tags, vllm_template, vllm_title)
 from kvforge.flow.pr.evidence import (BENCH_SCENARIOS, EvidenceUsed, bench_data, from_commit, gather, target_flag,
                                       verify_data)
-from kvforge.flow.pr.facts import (check_dco, depends_chain, diffstat, drop_when_text, github_ref, message_body,
+from kvforge.flow.pr.facts import (acknowledged, check_dco, depends_chain, diffstat, drop_when_text, github_ref, message_body,
                                    unwrap, upstream_status, user_facing, vllm_refs)
 from kvforge.flow.pr.sandbox import render_template
 from kvforge.git.bases import Base
@@ -86,7 +87,7 @@ def patch_data(stack: Stack, n: int, repo: str, deps: list[Patch], missing_deps:
                         if upstream_status(d.upstream_status)[1].startswith("http") else ""} for d in deps],
         "depends_missing": missing_deps,
         "checks": p.checks, "signed_off_by": p.values("Signed-off-by"),
-        "touched": p.touched_paths, "user_facing": user_facing(p),
+        "touched": p.touched_paths, "user_facing": user_facing(p), "acknowledged": acknowledged(p),
         "diffstat": diffstat(stack, n), "in_base": stack.in_base(n), "earlier": n - 1,
         "bench_scenarios": list(BENCH_SCENARIOS.get(p.fix_id, {})),
         "bench_roles": dict(BENCH_SCENARIOS.get(p.fix_id, {})),
@@ -160,6 +161,9 @@ def pull_request(ctx: Context, fix_id: str, style: str | None = None, template: 
     layout = upstream.layout
     data = common_data(ctx, stack, style, layout, upstream)
     data["fix"] = patch_data(stack, n, repo, deps, missing_deps, home_repo(ctx))
+    # What the header acknowledges changing on purpose goes where reviewers look for interface changes:
+    # beside the user-facing ones (vllm-ascend's "user-facing change" section; vLLM's Purpose).
+    data["fix"]["user_facing"] = data["fix"]["user_facing"] + data["fix"]["acknowledged"]
     data["repo"] = repo
 
     key, target = stack.key, ctx.target.name
