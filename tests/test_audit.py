@@ -6,8 +6,8 @@ and one of each harmless kind (a new method, a body edit, a comment): every risk
 its file and line, no harmless one is; an acknowledgement clears exactly what it names. And the
 vllm-ascend 0008 that moved @torch.inference_mode() (as of a400183^) against today's.
 
-The CLI wiring (`kvforge audit`, lint failing on the audit's problems) is not here: these tests call
-the library functions the commands call.
+The commands (`kvforge audit`, `kvforge lint` failing on the audit's problems, `--no-audit`) run once
+through the CLI; the other tests call the library functions the commands call.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from helpers import git, make_patch, write_series
 
+from kvforge.cli import main
 from kvforge.core.cache import Cache, default_cache_dir
 from kvforge.git.context import Context
 from kvforge.git.trees import open_stack
@@ -171,6 +173,18 @@ def test_audit_command_formats_and_lint_problems(audited):
     assert "0006-new-method.patch (new-method): 2 added" in table
     assert table.splitlines()[-1].startswith("audit t/vllm: 5 problems (")
     assert [str(p) for p in lint_problems(ctx.cache, ["t"])] == [str(p) for p in report.problems()]
+
+
+def test_audit_and_lint_commands_exit_1_on_the_flagged_changes(audited):
+    ctx, report, _, _ = audited
+    flagged = [str(p) for p in report.problems()]
+    out = CliRunner().invoke(main, ["audit", "-t", "t", "--json"])
+    assert out.exit_code == 1 and json.loads(out.stdout)["error"] == "audit t/vllm: 5 problems"
+    lint = CliRunner().invoke(main, ["lint", "--json"])
+    assert lint.exit_code == 1
+    assert [p["message"] for p in json.loads(lint.stdout)["problems"]] == [f.split(": ", 1)[1] for f in flagged]
+    headers_only = CliRunner().invoke(main, ["lint", "--no-audit"])
+    assert headers_only.exit_code == 0, headers_only.output
 
 
 def test_semantic_compare_signatures_bases_renames_and_statements():

@@ -62,7 +62,7 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> str:
 
 
 def test_every_script_has_a_smoke_run():
-    tested = {"apply_vs_git_am.py", "build_vs_cp.py", "kv_event_shapes.py", "pick_vs_cherry_pick.py",
+    tested = {"apply_vs_git_am.py", "audit_speed.py", "build_vs_cp.py", "kv_event_shapes.py", "pick_vs_cherry_pick.py",
               "rebase_vs_git_rebase.py", "watch_all_releases.py"}
     assert set(SCRIPTS) == tested, "a new bench/ script needs its smoke run here"
 
@@ -72,6 +72,13 @@ def test_apply_vs_git_am(cache):
               environ(cache))
     assert re.search(r"^series\s+patches\s+\+/- lines\s+git init\+fetch\+am \(s\)", out, re.M), out
     assert re.search(r"^ours\s+5\s", out, re.M) and re.search(r"^forward\s+\d+\s", out, re.M), out
+
+
+def test_audit_speed(cache):
+    out = run([sys.executable, str(BENCH / "audit_speed.py"), "--repeat", "1", "--cache-dir", str(cache.root)],
+              environ(cache))
+    assert re.search(r"^largest series v0\.20\.\w+/vllm\S* \(5 patches, \d+ lines changed\): audit [\d.]+ s, "
+                     r"git diff --stat [\d.]+ s \(goal < 2 s: (met|not met)\); median of 1$", out, re.M), out
 
 
 def test_build_vs_cp(cache):

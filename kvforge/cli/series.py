@@ -153,17 +153,46 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
 @click.option("--collect", is_flag=True,
               help="With --selections: also collect the cuda selections on CPU (pytest --collect-only) in the base "
                    "and the patched tree; modules that do not import on CPU are checked by path, and said so.")
+@click.option("--no-audit", "no_audit", is_flag=True,
+              help="Skip the audit of each series (kvforge audit: risky changes its headers do not acknowledge), "
+                   "which reads the bases from the cache or the network; headers and diffs are still checked.")
 @json_option
 @click.pass_obj
 @handle_errors
 def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None, selections: bool, collect: bool,
-             as_json: bool) -> None:
-    """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree.
+             no_audit: bool, as_json: bool) -> None:
+    """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree, and no
+    risky change (a decorator moved or lost, a definition removed while referenced, a public signature changed,
+    a module-level call added) that its patch's header does not acknowledge (`Acknowledges:`).
 
     With --selections, also every test selection against its base (exit 1 when a path is missing)."""
     from kvforge.proof import selection
 
-    finish(selection.lint_command(cache, target_names, component, selections, collect, progress), as_json)
+    finish(selection.lint_command(cache, target_names, component, selections, collect, progress,
+                                  audit_series=not no_audit), as_json)
+
+
+@command("audit")
+@target_option
+@click.option("--component", metavar="NAME",
+              help="Audit only this component's series [default: every component of the target].")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
+              show_default=True, help="How to print the change list.")
+@source_option
+@repo_option
+@from_option
+@json_option
+@click.pass_obj
+@handle_errors
+def audit_cmd(cache: Cache, target_name: str, component: str | None, fmt: str, source: str, repo_url: str | None,
+              from_rev: str | None, as_json: bool) -> None:
+    """What each patch changes in the program, per definition: added, removed, renamed, moved; decorators;
+    signatures; base classes; module-level statements; removed names still referenced. Risky changes its
+    header does not acknowledge (`Acknowledges:`, see the patch format) exit 1, as `kvforge lint` does."""
+    from kvforge.proof import audit
+
+    ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
+    finish(audit.audit_command(ctx, "json" if as_json else fmt, component), as_json or fmt == "json")
 
 
 @command("status")
@@ -246,4 +275,4 @@ def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     finish(export.export_command(ctx, out=out, renumber=renumber), as_json)
 
 
-COMMANDS = [targets_cmd, target_group, base_cmd, apply_cmd, lint_cmd, status_cmd, report_cmd, export_cmd]
+COMMANDS = [targets_cmd, target_group, base_cmd, apply_cmd, lint_cmd, audit_cmd, status_cmd, report_cmd, export_cmd]

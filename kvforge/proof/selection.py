@@ -46,6 +46,7 @@ from kvforge.git.context import Context
 from kvforge.core.errors import EXIT_ENV, EXIT_LINT, EXIT_TESTS, KvforgeError
 from kvforge.core.outcome import Done
 from kvforge.project.targets import display_path, load_all, load_target
+from kvforge.proof import audit
 from kvforge.proof.testrun import run_properties, run_pytest
 from kvforge.git.trees import open_stack
 
@@ -517,12 +518,15 @@ def check_selections(ctx, collect: bool = False, platforms: Iterable[str] = ("cp
 
 
 def lint_command(cache, target_names=(), component: str | None = None, selections: bool = False,
-                 collect: bool = False, progress=None) -> Done:
-    """`kvforge lint`: every series (components.lint_selected); with `selections`, every platform
-    selection's selectors exist in their base; with `collect`, the cuda selections also collect on CPU
-    in the base and patched trees (modules that do not import on CPU: by path, said so). Exit 1 on a
-    problem."""
+                 collect: bool = False, progress=None, audit_series: bool = True) -> Done:
+    """`kvforge lint`: every series (components.lint_selected) and, with `audit_series`, the audit of every
+    series that lints clean (kvforge.proof.audit: a risky change its header does not acknowledge); with
+    `selections`, every platform selection's selectors exist in their base; with `collect`, the cuda
+    selections also collect on CPU in the base and patched trees (modules that do not import on CPU: by
+    path, said so). Exit 1 on a problem."""
     checked, nseries, problems = lint_selected(target_names, component)
+    if audit_series:
+        problems = [*problems, *audit.lint_problems(cache, target_names, component, progress)]
     lines = [str(p) for p in problems]
     data: dict = {"patches": checked, "problems": [{"file": str(p.path), "line": p.line, "message": p.message}
                                                    for p in problems]}
