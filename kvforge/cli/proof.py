@@ -12,8 +12,9 @@ from kvforge.bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from kvforge.core.cache import Cache
 from kvforge.project.platforms import PLATFORMS
 from kvforge.cli.finish import finish, handle_errors
-from kvforge.cli.options import (command, component_option, group, json_option, make_ctx, python_option, repo_option,
-                                 source_option, target_option, torch_index_option, tree_options)
+from kvforge.cli.options import (EVERY_COMPONENT, command, component_option, component_option_for, group, json_option,
+                                 make_ctx, python_option, repo_option, source_option, target_option, torch_index_option,
+                                 tree_options)
 
 
 @command("env")
@@ -49,7 +50,7 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 
 @command("test")
 @target_option
-@component_option
+@component_option_for(EVERY_COMPONENT)
 @click.option("--platform", "platform_name", type=click.Choice(list(PLATFORMS)), default="cpu",
               show_default=True, help="Test selection to run (targets/*.toml components.tests).")
 @click.option("--base/--patched", "on_base", default=False,
@@ -86,7 +87,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
 
 @command("verify")
 @target_option
-@component_option
+@component_option_for(EVERY_COMPONENT)
 @tree_options
 @click.pass_obj
 @handle_errors

@@ -127,7 +127,8 @@ class TargetAddResult:
             if c.left_out:
                 out.append(f"{c.name}: left out: {c.left_out}")
                 continue
-            up = f", upstream commit {c.upstream_commit}" if c.upstream_commit else ""
+            up = (f", built from upstream commit {c.upstream_commit}" if c.upstream_commit
+                  else ", its sdist names no upstream commit")
             out.append(f"{c.name}: {c.package} {c.version} ({c.ref}{up}), sdist sha256 {(c.sha256 or '')[:12]}…, "
                        f"series {c.series} " + (f"from {c.from_series}" if c.from_series else "(empty: a first target)"))
             for w in c.wheels:
@@ -178,7 +179,7 @@ class AddState:
     target_text: str  # the planned target file (the from-target's selections): components, pins, series
     components: list[str]  # the new target's components, in order
     left_out: dict[str, str]  # component -> why it is not in the new target
-    upstream: dict[str, str]  # component -> upstream commit of its release
+    upstream: dict[str, str]  # component -> the upstream commit its release was built from ("": its sdist records none)
     done: list[str] = field(default_factory=list)  # components whose every patch is decided
     phase: str = "running"  # running | committing
     final_text: str = ""  # committing: the target file written
@@ -489,7 +490,7 @@ def _start_component(ctx_old: Context, ctx_new: Context, ta: AddState, dry_run: 
     comp = ctx_new.component
     ctx_new.say(f"{comp.name}: new base {comp.release.package} {comp.release.version} ({comp.ref})")
     new_base = ensure_base(comp, ctx_new.cache, "sdist", None, ctx_new.progress)
-    ta.upstream[comp.name] = new_base.upstream_commit or "unknown"
+    ta.upstream[comp.name] = new_base.upstream_commit or ""
     olds = old_commits(ctx_new, stack, old_base, new_base)
     sdir = state_dir(ctx_new)
     if sdir.exists():
@@ -547,7 +548,7 @@ def _drive(cache: Cache, ta: AddState, old: Target | None, new: Target, dry_run:
             crashpoint("targetadd:component-done")
     if old is None:  # a first target: its bases are imported for their upstream commit; nothing to rebase
         for comp in new.components:
-            ta.upstream[comp.name] = ensure_base(comp, cache, "sdist", None, progress).upstream_commit or "unknown"
+            ta.upstream[comp.name] = ensure_base(comp, cache, "sdist", None, progress).upstream_commit or ""
     t0 = time.monotonic()
     final, selections = _final_target(new, old, states)
     seconds["selections"] = round(time.monotonic() - t0, 3)
