@@ -42,7 +42,7 @@ from packaging.version import InvalidVersion, Version
 from kvforge import DATA
 from kvforge.git import gitutil
 from kvforge import __version__
-from kvforge.git.bases import pypi_url, release_files
+from kvforge.git.bases import ensure_base, pypi_url, release_files
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import crashpoint, remove_stale, sha256_remembered
@@ -54,7 +54,11 @@ UPSTREAMS = ("vllm", "vllm-ascend")
 STALE = r"^\.{name}\.kvforge-init-(?P<pid>\d+)$"
 STALE_INSIDE = r"^\.kvforge-init-(?P<pid>\d+)$"  # the staging directory inside an existing DIR
 WHEEL_DIR = "ci"  # where a shipped kvforge wheel lies in the new repository
-# The CPU tests of vLLM's KV-cache manager (in every release since 0.20); `kvforge test --scan --try` finds more.
+# vLLM's core suites: the test modules under CORE_TESTS that vLLM marks CPU-only (pytest.mark.cpu_test) are a
+# first target's CPU selection; a release that marks none gets VLLM_CPU, the KV-cache manager's CPU tests (in every
+# release since 0.20). `kvforge test --scan --try` finds the other modules a series reaches.
+CORE_TESTS = "tests/v1/core/"
+CPU_MARK = "pytest.mark.cpu_test"
 VLLM_CPU = ("tests/v1/core/test_prefix_caching.py", "tests/v1/core/test_single_type_kv_cache_manager.py",
             "tests/v1/core/test_kv_cache_utils.py")
 # vllm-ascend's scheduler-side unit tests that run on CPU with kvforge's stand-ins (as this project's v0.20.2rc).
@@ -195,6 +199,24 @@ def sdist_pin(package: str, version: str, cache: Cache) -> Pin:
     return Pin(package, version, sha256_remembered(local), f"{local} (offline: not checked against the package index)")
 
 
+def core_cpu_suites(repo: Path, commit: str) -> tuple[str, ...]:
+    """vLLM's own CPU-marked core suites in the base tree `commit` of `repo`: the test_*.py modules under
+    CORE_TESTS that use CPU_MARK (vLLM runs them in its cpu_test lane), in path order; VLLM_CPU when none is."""
+    res = gitutil.run(repo, "grep", "-l", "-F", CPU_MARK, commit, "--", f"{CORE_TESTS}*.py", check=False)
+    found = sorted(line.split(":", 1)[1] for line in res.stdout.splitlines() if ":" in line)
+    found = [p for p in found if Path(p).name.startswith("test_")]
+    return tuple(found) or VLLM_CPU
+
+
+def first_selection_comment(cpu: tuple[str, ...]) -> list[str]:
+    """The comment above a first target's CPU selection: where it came from."""
+    if cpu == VLLM_CPU:
+        return ["vLLM's KV-cache manager CPU tests (this release marks no core suite CPU-only).",
+                "`kvforge test -t TARGET --scan --try` adds the other modules a series reaches that run on CPU."]
+    return [f"vLLM's own CPU-only core suites: the modules under {CORE_TESTS} marked {CPU_MARK} in this release",
+            "(vLLM's cpu_test lane). `kvforge test -t TARGET --scan --try` adds the other modules a series reaches."]
+
+
 def _toml_list(items: tuple[str, ...] | list[str], indent: str = "    ") -> str:
     return "[\n" + "".join(f"{indent}{json.dumps(i)},\n" for i in items) + "]"
 
@@ -207,8 +229,9 @@ def _release_block(pin: Pin) -> str:
             "`kvforge target add`\n# pins them per platform tag.\n")
 
 
-def target_text(name: str, upstream: str, pins: dict[str, Pin]) -> str:
-    """The first target's file: vLLM alone, or vLLM (no series needed) under vllm-ascend."""
+def target_text(name: str, upstream: str, pins: dict[str, Pin], cpu: tuple[str, ...] = VLLM_CPU) -> str:
+    """The first target's file: vLLM alone, or vLLM (no series needed) under vllm-ascend; `cpu`: vLLM's CPU
+    selection (core_cpu_suites of its base, the selection `kvforge target add` gives a first target)."""
     vllm = pins["vllm"]
     lines = [f"name = {json.dumps(name)}",
              f"description = {json.dumps(f'{upstream} {pins[upstream].version} (written by kvforge init)')}",
@@ -217,10 +240,9 @@ def target_text(name: str, upstream: str, pins: dict[str, Pin]) -> str:
              f"ref = {json.dumps('v' + vllm.version)}", f"series = {json.dumps(f'patches/{name}')}",
              f"platforms = {json.dumps(['cpu', 'cuda'] if upstream == 'vllm' else ['cpu'])}",
              _release_block(vllm), "[components.tests]",
-             "# Run from the root of the base or patched tree; every test a patch names in Checks is added. vLLM's",
-             "# KV-cache manager tests; `kvforge test -t {0} --scan --try` finds the other modules the series touches."
-             .format(name),
-             f"cpu = {_toml_list(VLLM_CPU)}"]
+             "# Run from the root of the base or patched tree; every test a patch names in Checks is added.",
+             *(f"# {line}" for line in first_selection_comment(cpu)),
+             f"cpu = {_toml_list(cpu)}"]
     if upstream == "vllm":
         lines += ['cuda = ["tests/v1/core"]']
     else:
@@ -325,7 +347,7 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
         remove_stale(dest.parent, STALE.format(name=re.escape(dest.name)))
         stage = dest.parent / f".{dest.name}.kvforge-init-{os.getpid()}"
     try:
-        _write(stage, dest.name, upstream, tname, pins, cmd, plan.wheel)
+        _write(stage, dest.name, upstream, tname, pins, cmd, plan.wheel, cache, say)
         gitutil.run(stage, "init", "-q", "-b", "main")
         gitutil.run(stage, "add", "-A")
         what = f"targets/{tname}.toml" if tname else "no target yet"
@@ -364,7 +386,7 @@ def _move_up(stage: Path, dest: Path) -> None:
 
 
 def _write(stage: Path, title: str, upstream: str, tname: str | None, pins: dict[str, Pin], install: str,
-           wheel: tuple[str, bytes] | None = None) -> None:
+           wheel: tuple[str, bytes] | None = None, cache: Cache | None = None, say: Say | None = None) -> None:
     stage.mkdir()
     (stage / "targets").mkdir()
     (stage / "patches").mkdir()
@@ -378,7 +400,12 @@ def _write(stage: Path, title: str, upstream: str, tname: str | None, pins: dict
             (stage / d / "series").write_text("")
         path = stage / "targets" / f"{tname}.toml"
         path.write_text(target_text(tname, upstream, pins), encoding="utf-8")
-        parse_target(path, stage)  # what kvforge init writes, kvforge reads: a failure here is a kvforge bug
+        first = parse_target(path, stage)  # what kvforge init writes, kvforge reads: a failure here is a kvforge bug
+        if cache is not None:  # vLLM's base, for its CPU-marked core suites (as `kvforge target add` selects)
+            base = ensure_base(first.component("vllm"), cache, "sdist", None, say)
+            path.write_text(target_text(tname, upstream, pins, core_cpu_suites(base.repo, base.commit)),
+                            encoding="utf-8")
+            parse_target(path, stage)
     readme = fill((DATA / "README.md.in").read_text(encoding="utf-8"), {
         "NAME": title, "UPSTREAM": upstream, "INSTALL": install, "KVFORGE_VERSION": __version__,
         "UPSTREAM_TITLE": {"vllm": "vLLM", "vllm-ascend": "vllm-ascend (on vLLM)"}[upstream]})

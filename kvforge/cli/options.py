@@ -102,9 +102,21 @@ def component_option_for(default: str):
                         help=f"Only this component of the target (vllm, vllm-ascend) [default: {default}].")
 
 
-EVERY_COMPONENT = "every component of the target, in order"
-FIRST_COMPONENT = "the target's first component (vllm)"
+EVERY_COMPONENT = "every component of the target, in order; with --from DIR, the component DIR was applied for"
+FIRST_COMPONENT = "the target's first component (vllm); with --from DIR, the component DIR was applied for"
 component_option = component_option_for(FIRST_COMPONENT)
+
+
+def tree_component(target_name: str, component: str | None, from_rev: str | None) -> str | None:
+    """--component for a command given one tree (--from) on a target of several components and no --component:
+    the component `kvforge apply` recorded in that tree (git config kvforge.component), as export has always
+    taken it; refused (exit 2) when the tree records none. Else `component` unchanged."""
+    if component is not None or not from_rev:
+        return component
+    from kvforge.env import components
+    from kvforge.project import targets
+
+    return components.component_of_tree(targets.load_target(target_name), from_rev)
 from_option = click.option("--from", "from_rev", metavar="REV|DIR|DIR:REV",
                            help="Use the commits base..REV of a tree as the series instead of the series files: "
                                 "REV in the current directory's repository, a tree DIR (its HEAD), or DIR:REV.")

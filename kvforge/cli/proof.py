@@ -14,7 +14,7 @@ from kvforge.project.platforms import PLATFORMS
 from kvforge.cli.finish import finish, handle_errors
 from kvforge.cli.options import (EVERY_COMPONENT, command, component_option, component_option_for, group, json_option,
                                  make_ctx, python_option, repo_option, source_option, target_option, torch_index_option,
-                                 tree_options)
+                                 tree_component, tree_options)
 
 
 @command("env")
@@ -79,6 +79,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
     from kvforge.proof import selection
     from kvforge.proof import testrun
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(selection.scan_target(ctx, try_cpu) if scan or try_cpu
@@ -102,6 +103,7 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     """
     from kvforge.proof import verify
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(verify.verify_command(ctx, component), as_json)
@@ -142,6 +144,7 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
 
     if plot_path is not None:
         prefix_cache.check_plot_available()
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(prefix_cache.bench_command(ctx, scenario_spec, scale, seed, plot_path), as_json)
@@ -182,6 +185,7 @@ def bench_scheduler_overhead_cmd(cache: Cache, target_name: str, component: str 
     """
     from kvforge.bench import overhead
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(overhead.bench_scheduler_overhead(ctx, topologies, kinds, pools, scale, steps, reps, seed, mask=not no_mask),

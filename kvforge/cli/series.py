@@ -106,7 +106,8 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
 
 @command("apply")
 @target_option
-@component_option_for(EVERY_COMPONENT + ", each into its own tree")
+@component_option_for("every component of the target, each into its own ./<component>-<target>; with --into or "
+                      "--into-clone (one tree), the target's first component (vllm)")
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path),
               help="Make a standalone git repository here [default: ./<component>-<target>; a target with several "
                    "components and no --component: each component into its own].")
@@ -141,7 +142,15 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
     a branch that differs (your work) is never touched: the refusal says how to keep it.
     """
     from kvforge.flow import apply
+    from kvforge.project import targets
 
+    if component is None and (into is not None or repo_dir is not None):
+        comps = targets.load_target(target_name).components
+        if len(comps) > 1:  # one tree named: the target's first component, said (as every command's default)
+            component = comps[0].name
+            progress(f"{target_name} has {len(comps)} components ({', '.join(c.name for c in comps)}) and "
+                     f"{'--into' if into is not None else '--into-clone'} names one tree: {component}, the first "
+                     "(--component NAME for another)")
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
     finish(apply.apply_command(ctx, component, into, repo_dir, branch, keep_conflict), as_json, fit_text=True)
 

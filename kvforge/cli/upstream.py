@@ -13,7 +13,7 @@ from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.cli.finish import finish, handle_errors, progress
 from kvforge.cli.options import (REPO_HELP, alias, command, complete_fixes, complete_targets, component_option,
                                  component_option_for, from_option, json_option, make_ctx, repo_option, source_option,
-                                 target_option)
+                                 target_option, tree_component)
 
 
 @command("rebase")
@@ -216,7 +216,8 @@ text_allow_stale_option = click.option(
 
 @command("pr", epilog=TEXT_EXIT_HELP)
 @target_option
-@component_option_for("the one whose patch for the fix has a PR route")
+@component_option_for("with --from DIR, the component DIR was applied for; else the one whose patch for the fix "
+                      "has a PR route")
 @click.option("--fix", "fix_id", required=True, metavar="FIX-ID", shell_complete=complete_fixes,
               help="The Fix-Id of the patch to describe.")
 @click.option("--style", type=click.Choice(["vllm", "vllm-ascend"]), default=None,
@@ -263,6 +264,7 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     from kvforge.project import targets
 
     gh = pr.find_gh() if open_in_gh else None
+    component = tree_component(target_name, component, from_rev)
     if component is None:
         component = prpolicy.component_for_pr(targets.load_target(target_name), fix_id)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
@@ -291,6 +293,7 @@ def notes_cmd(cache: Cache, target_name: str, component: str | None, template_pa
     """
     from kvforge.flow import pr
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
     finish(pr.notes_command(ctx, template_path, allow_stale, out), as_json)
 

@@ -16,6 +16,7 @@ import textwrap
 from typing import Any, Iterable, Sequence
 
 MIN_COLUMN = 6  # a column narrowed to fit is at least this wide (or its natural width, when smaller)
+WORD_MAX = 24  # a word up to this long is kept whole while narrowing can still fit by breaking lines elsewhere
 SEP = "  "
 
 
@@ -40,10 +41,10 @@ def _wrap(text: str, w: int) -> list[str]:
     return lines or [""]
 
 
-def _narrow(widths: list[int], limit: int) -> list[int]:
-    """Shrink the widest columns, one character at a time, until the row fits `limit` (or none can shrink)."""
+def _narrow(widths: list[int], limit: int, floor: list[int]) -> list[int]:
+    """Shrink the widest columns, one character at a time, until the row fits `limit` or every column is at
+    its `floor`."""
     widths = list(widths)
-    floor = [min(w, MIN_COLUMN) for w in widths]
     total = sum(widths) + len(SEP) * (len(widths) - 1)
     while total > limit:
         i = max(range(len(widths)), key=lambda j: (widths[j] - floor[j], widths[j]))
@@ -54,16 +55,28 @@ def _narrow(widths: list[int], limit: int) -> list[int]:
     return widths
 
 
+def _fit_widths(widths: list[int], words: list[int], limit: int) -> list[int]:
+    """Column widths that fit `limit`: first keeping each column's longest word whole (up to WORD_MAX), so
+    wrapping breaks lines between words; when that cannot fit, down to MIN_COLUMN."""
+    keep_words = [min(w, max(MIN_COLUMN, min(word, WORD_MAX))) for w, word in zip(widths, words)]
+    fitted = _narrow(widths, limit, keep_words)
+    if sum(fitted) + len(SEP) * (len(fitted) - 1) <= limit:
+        return fitted
+    return _narrow(fitted, limit, [min(w, MIN_COLUMN) for w in widths])
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], max_width: int | None = -1) -> str:
     """A table of left-aligned columns. `max_width`: fit to it (wrapping cells); -1: to `width()`; None: no limit."""
     cells = [[("" if c is None else str(c)) for c in r] for r in rows]
     widths = [len(h) for h in headers]
+    words = [max((len(w) for w in h.split()), default=0) for h in headers]
     for r in cells:
         for i, c in enumerate(r):
             widths[i] = max(widths[i], len(c))
+            words[i] = max(words[i], max((len(w) for w in c.split()), default=0))
     limit = width() if max_width == -1 else max_width
     if limit is not None:
-        widths = _narrow(widths, limit)
+        widths = _fit_widths(widths, words, limit)
 
     def fmt(row: Sequence[str]) -> list[str]:
         parts = [_wrap(c, w) for c, w in zip(row, widths)]
