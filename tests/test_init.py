@@ -65,6 +65,13 @@ def test_the_ci_templates_are_this_projects_own_ci_files():
         assert (REPO_ROOT / link).is_symlink() and (REPO_ROOT / link).resolve() == (scaffold.DATA / data).resolve()
 
 
+def test_the_watch_template_is_this_projects_watch_workflow():
+    """kvforge/data/init's watch workflow is ci/github/kvforge-watch.yml, byte for byte (init rewrites only its
+    install step)."""
+    assert (scaffold.DATA / "github-kvforge-watch.yml").read_bytes() == \
+        (REPO_ROOT / "ci/github/kvforge-watch.yml").read_bytes()
+
+
 def test_init_writes_a_committed_project_that_kvforge_finds(here):
     res = kvforge("init", "team", "--install", "kvforge @ git+https://example.org/org/kvforge@v0.1.0", "--json")
     assert res.exit_code == 0, res.output
@@ -290,7 +297,9 @@ def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
     work.mkdir()
     doc = json.loads(_sh([kv, "init", "team", "--json"], work, env).stdout)
     team = work / "team"
-    assert doc["install"] == f"python3 -m pip install 'kvforge @ {src.as_uri()}'"
+    # installed from a local directory (a path of this machine): CI installs the wheel init shipped into ci/
+    assert doc["install"] == "python3 -m pip install ./ci/kvforge-0.1.0-py3-none-any.whl" and str(src) not in \
+        (team / ".github/workflows/kvforge.yml").read_text()
     # The workflow's install step, run as CI runs it (here: over the same install)
     install = yaml().load((team / ".github/workflows/kvforge.yml").read_text())["env"]["KVFORGE_INSTALL"]
     assert install == doc["install"]
