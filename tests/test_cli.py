@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import click
 from click.testing import CliRunner
 
 from kvforge.cli import main
@@ -76,3 +77,79 @@ def test_loading_the_cli_loads_no_command_library():
                  "kvforge.bench.")
     assert [m for m in loaded if m.startswith(libraries)] == []
     assert "kvforge.cli.upstream" in loaded  # every command is registered
+
+
+def test_apply_fits_the_terminal(project, base_v0202, tmp_path):
+    """COLUMNS=80 kvforge apply | awk '{ if (length > 80) exit 1 }' (its table of patches wraps)."""
+    from helpers import make_patch, write_series
+
+    _cache, base = base_v0202
+    pdir = project / "patches" / "t"
+    name = "0001-a-fix-whose-file-name-is-long-enough-to-push-the-table-past-eighty-columns.patch"
+    make_patch(base.repo, base.commit, {"vllm/v1/core/block_pool.py": ("class BlockPool", "class BlockPoolA")},
+               "[Core] a", "a-fix-whose-fix-id-is-long-as-well", pdir / name)
+    write_series(project, name)
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["apply", "-t", "t", "--into", str(tmp_path / "tree")])
+    assert res.exit_code == 0, res.output
+    assert max(len(ln) for ln in res.stdout.splitlines()) <= 80, res.stdout
+    assert "0001-a-fix-whose" in res.stdout
+
+
+def test_version_quiet_verbose_and_help_topics(project):
+    for flag in ("-V", "--version"):
+        res = kvforge(flag)
+        assert res.exit_code == 0 and res.stdout.startswith("kvforge, version ")
+    loud = kvforge("base", "-t", "t")
+    quiet = kvforge("-q", "base", "-t", "t")
+    assert quiet.exit_code == loud.exit_code == 0 and quiet.stdout == loud.stdout
+    assert not [ln for ln in quiet.stderr.splitlines() if ln.startswith("kvforge: ") and "warning" not in ln]
+    listed = kvforge("help")
+    assert listed.exit_code == 0 and "targets" in listed.stdout.split() and "readme" in listed.stdout.split()
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    assert kvforge("help", "targets").stdout == (docs / "targets.md").read_text()
+    res = kvforge("help", "nope")
+    assert res.exit_code == 2 and "topics:" in res.stderr
+    # every `kvforge help X` a --help names is a topic
+    import re
+
+    from kvforge.cli import cli
+
+    named: set[str] = set()
+    for name, cmd in cli.commands.items():
+        for sub in getattr(cmd, "commands", {}).values() or [cmd]:
+            named |= set(re.findall(r"kvforge help (\w+)", (sub.help or "") + " ".join(
+                p.help or "" for p in sub.params if isinstance(p, click.Option))))
+    assert named and named <= set(kvforge("help").stdout.split()), named
+
+
+def test_old_spellings_are_hidden_aliases(project, tmp_path):
+    from kvforge.cli import cli
+
+    helps = {name: kvforge(*name.split(), "--help").stdout for name in ("init", "port", "apply", "target add")}
+    assert "--name" not in helps["init"] and "--as" in helps["init"]
+    assert "--to " not in helps["port"] and "--target" in helps["port"]
+    assert "--repo-dir" not in helps["apply"] and "--into-clone" in helps["apply"]
+    assert "--from-target" in helps["target add"] and "--from " not in helps["target add"]
+    # the old spelling still works, with a warning that names the new one
+    res = kvforge("init", str(tmp_path / "p"), "--name", "a/b")
+    assert res.exit_code == 2 and "--name" in res.stderr and "--as" in res.stderr
+    res = kvforge("port", "somefix", "--to", "nope")
+    assert res.exit_code == 2 and "unknown target 'nope'" in res.stderr and "-t/--target" in res.stderr
+    res = kvforge("port", "somefix")
+    assert res.exit_code == 2 and "-t/--target" in res.stderr
+    assert {c for c in cli.commands if "--json" not in kvforge(*c.split(), "--help").stdout} <= {"target", "bench",
+                                                                                                 "help"}
+
+
+def test_completion_of_targets_and_fixes(project):
+    from kvforge.cli.options import complete_fixes, complete_targets
+
+    (project / "patches" / "t" / "0001-my-fix.patch").write_text("Subject: x\nFix-Id: my-fix\n")
+    assert complete_targets(None, None, "") == ["t"]
+    assert complete_fixes(None, None, "my") == ["my-fix"]
+    env = {**__import__("os").environ, "_KVFORGE_COMPLETE": "bash_complete", "COMP_WORDS": "kvforge verify -t ",
+           "COMP_CWORD": "3"}
+    out = subprocess.run([sys.executable, "-m", "kvforge.cli"], env=env, capture_output=True, text=True).stdout
+    assert "plain,t" in out.split()

@@ -65,13 +65,21 @@ def test_the_ci_templates_are_this_projects_own_ci_files():
         assert (REPO_ROOT / link).is_symlink() and (REPO_ROOT / link).resolve() == (scaffold.DATA / data).resolve()
 
 
+def test_the_watch_template_is_this_projects_watch_workflow():
+    """kvforge/data/init's watch workflow is ci/github/kvforge-watch.yml, byte for byte (init rewrites only its
+    install step)."""
+    assert (scaffold.DATA / "github-kvforge-watch.yml").read_bytes() == \
+        (REPO_ROOT / "ci/github/kvforge-watch.yml").read_bytes()
+
+
 def test_init_writes_a_committed_project_that_kvforge_finds(here):
     res = kvforge("init", "team", "--install", "kvforge @ git+https://example.org/org/kvforge@v0.1.0", "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     team = here / "team"
-    assert doc["files"] == [".buildkite/pipeline.yml", ".github/workflows/kvforge.yml", ".gitignore", "README.md",
-                            "patches/.gitkeep", "targets/.gitkeep"]
+    assert doc["files"] == [".buildkite/pipeline.yml", ".github/workflows/kvforge-watch.yml",
+                            ".github/workflows/kvforge.yml", ".gitignore", "README.md", "patches/.gitkeep",
+                            "targets/.gitkeep"]
     install = "python3 -m pip install 'kvforge @ git+https://example.org/org/kvforge@v0.1.0'"
     assert doc["install"] == install and doc["target"] is None
     git = lambda *a: subprocess.run(["git", *a], cwd=team, check=True, capture_output=True, text=True).stdout  # noqa
@@ -196,6 +204,60 @@ def test_init_into_an_empty_directory_and_after_a_kill(here):
     assert sorted(p.name for p in here.iterdir()) == ["empty", "killed"]
 
 
+def test_init_in_place_writes_into_the_current_directory_never_replacing_it(here):
+    """`kvforge init` (DIR defaults to .) writes into the directory the shell is in: the same inode after, so a
+    shell there is not left in a deleted directory. A kill before the move leaves only a hidden staging directory
+    inside it, which the next init removes."""
+    proj = here / "proj"
+    proj.mkdir()
+    inode = proj.stat().st_ino
+    os.chdir(proj)
+    res = kvforge("init", "--json")
+    assert res.exit_code == 0, res.output
+    assert proj.stat().st_ino == inode and Path(os.getcwd()).samefile(proj)
+    assert json.loads(res.stdout)["project"] == str(proj) and (proj / ".git").is_dir()
+    assert not [p for p in proj.iterdir() if p.name.startswith(".kvforge-init-")]
+    os.chdir(here)
+    (here / "k").mkdir()
+    env = {**os.environ, "KVFORGE_CRASH_AT": "init:before-rename"}
+    run = subprocess.run([sys.executable, "-m", "kvforge.cli", "init"], cwd=here / "k", env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == -9
+    [left] = list((here / "k").iterdir())
+    assert left.name.startswith(".kvforge-init-")
+    assert subprocess.run([sys.executable, "-m", "kvforge.cli", "init"], cwd=here / "k", capture_output=True).returncode == 0
+    assert (here / "k" / ".git").is_dir() and not [p for p in (here / "k").iterdir() if p.name.startswith(".kvforge-init-")]
+
+
+def test_init_ships_a_wheel_of_this_kvforge_never_a_local_path(here, tmp_path):
+    """Without --install, an editable (or local-path) kvforge has no source CI can reach: init writes a wheel of
+    it into ci/ and every workflow installs that; the wheel installs and carries the docs (`kvforge help`)."""
+    res = kvforge("init", "team", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    team = here / "team"
+    [wheel] = [f for f in doc["files"] if f.startswith("ci/") and f.endswith(".whl")]
+    assert doc["install"] == f"python3 -m pip install ./{wheel}"
+    assert str(REPO_ROOT) not in (team / ".github/workflows/kvforge.yml").read_text()
+    for wf in ("kvforge.yml", "kvforge-watch.yml"):
+        text = (team / ".github/workflows" / wf).read_text()
+        assert yaml().load(text)["env"]["KVFORGE_INSTALL"] == doc["install"] and "pip install -e ." not in text
+        res = subprocess.run([tool("actionlint"), "-no-color", str(team / ".github/workflows" / wf)],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(team / wheel)],
+                   check=True, capture_output=True)
+    assert (site / "kvforge" / "data" / "docs" / "targets.md").is_file()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-m", "kvforge.cli", "help", "targets"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out == (REPO_ROOT / "docs" / "targets.md").read_text()
+    # the same kvforge, the same wheel: a second init writes the same bytes
+    assert kvforge("init", "team2").exit_code == 0
+    assert (here / "team2" / wheel).read_bytes() == (team / wheel).read_bytes()
+
+
 # ---------------------------------------------------------------- slow: the pip-installed kvforge, real releases
 
 def _sh(cmd: list[str], cwd: Path, env: dict, ok: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -235,7 +297,9 @@ def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
     work.mkdir()
     doc = json.loads(_sh([kv, "init", "team", "--json"], work, env).stdout)
     team = work / "team"
-    assert doc["install"] == f"python3 -m pip install 'kvforge @ {src.as_uri()}'"
+    # installed from a local directory (a path of this machine): CI installs the wheel init shipped into ci/
+    assert doc["install"] == "python3 -m pip install ./ci/kvforge-0.1.0-py3-none-any.whl" and str(src) not in \
+        (team / ".github/workflows/kvforge.yml").read_text()
     # The workflow's install step, run as CI runs it (here: over the same install)
     install = yaml().load((team / ".github/workflows/kvforge.yml").read_text())["env"]["KVFORGE_INSTALL"]
     assert install == doc["install"]

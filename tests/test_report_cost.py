@@ -129,6 +129,15 @@ def test_report_rows_history_ledger_and_evidence(project, base_v0202):
     trend = kvforge("report", "--format", "trend").stdout
     assert len(trend.strip().splitlines()) == 1 and json.loads(trend)["status_submitted"] == 1
 
+    # COLUMNS=80 kvforge report | awk '{ if (length > 80) exit 1 }': the table wraps, JSON is never fitted
+    assert max(len(ln) for ln in text.splitlines()) > 80  # the unfitted table is wider
+    doc = json.loads(kvforge("report", "--json").stdout)
+    fitted = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["report"])
+    assert fitted.exit_code == 0 and all(len(ln) <= 80 for ln in fitted.stdout.splitlines()), fitted.stdout
+    assert "1 target;" in fitted.stdout.replace("\n", " ") and "1 targets" not in fitted.stdout
+    again = json.loads(CliRunner(env={"COLUMNS": "80"}).invoke(main, ["report", "--json"]).stdout)
+    assert again["rows"] == doc["rows"]
+
 
 def test_report_bad_target_is_exit_2_one_line(project):
     res = kvforge("report", "-t", "nope", "--json")

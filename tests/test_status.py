@@ -51,6 +51,27 @@ def test_status_shows_the_rebase_ledger(fake):
     assert [s["fired"] for s in entry["signals"]] == [True, None, True, False]
 
 
+def _in_order(chars: str, text: str) -> bool:
+    """Every character of `chars` in `text`, in order (a wrapped cell's pieces lie on later lines)."""
+    it = iter(text)
+    return all(c in it for c in chars)
+
+
+def test_status_fits_the_terminal_and_json_is_never_fitted(fake):
+    """COLUMNS=80 kvforge status | awk '{ if (length > 80) exit 1 }'; every cell's text is still there."""
+    fake.patch("0001-kept-fix", {"vllm_like/core.py": ("return 2 * x", "return x + x")}, kind="refactor")
+    fake.series("0001-kept-fix")
+    (fake.root / "patches" / "fake" / "dropped.toml").write_text(LEDGER)
+    wide = kvforge("status").stdout
+    assert max(len(ln) for ln in wide.splitlines()) > 80
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["status"])
+    assert res.exit_code == 0 and all(len(ln) <= 80 for ln in res.stdout.splitlines()), res.stdout
+    for cell in ("0002-old-fix.patch", "reverse-apply, drop-when", "upstream onto 0.22.0"):
+        assert _in_order("".join(cell.split()), "".join(res.stdout.split())), cell  # wrapped, never cut
+    assert CliRunner(env={"COLUMNS": "80"}).invoke(main, ["status", "--json"]).stdout == \
+        kvforge("status", "--json").stdout
+
+
 def test_status_check_evaluates_drop_when_against_the_base(project, base_v0202):
     """Target t is on the real vLLM 0.20.2 sdist (built from upstream bc150f502, no history)."""
     _cache, base = base_v0202

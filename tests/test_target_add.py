@@ -433,7 +433,8 @@ def test_add_0221_dry_run_pairs_vllm_ascend_0221rc1(copy_project, real_cache):
 @pytest.mark.slow
 def test_first_target_in_a_project_without_targets(tmp_path, monkeypatch, real_cache):
     """A new patch repository (kvforge init): no target to seed from, so the first target has vLLM's pins, its
-    upstream commit, an empty series and empty selections; it lints, applies and is in the matrix."""
+    upstream commit, an empty series, and as CPU selection vLLM's own cpu_test-marked core suites of the release
+    (the selection `kvforge init --release` writes); it lints, applies and is in the matrix."""
     root = tmp_path / "mine"
     (root / "targets").mkdir(parents=True)
     (root / "patches").mkdir()
@@ -445,7 +446,14 @@ def test_first_target_in_a_project_without_targets(tmp_path, monkeypatch, real_c
     assert data["from_target"] == "" and data["components"][0]["upstream_commit"] == "9da56fd18"
     target = tomllib.loads((root / "targets" / "v0.21.0.toml").read_text())
     comp = target["components"][0]
-    assert comp["ref"] == "v0.21.0" and comp["tests"] == {"cpu": [], "cuda": []} and len(comp["wheels"]) == 2
+    assert comp["ref"] == "v0.21.0" and len(comp["wheels"]) == 2
+    from kvforge.ci.scaffold import core_cpu_suites
+    from kvforge.git.bases import ensure_base
+    from kvforge.project.targets import load_target
+
+    base = ensure_base(load_target("v0.21.0", root).component(), real_cache, "sdist")
+    assert comp["tests"] == {"cpu": list(core_cpu_suites(base.repo, base.commit)), "cuda": ["tests/v1/core"]}
+    assert "tests/v1/core/test_prefix_caching.py" in comp["tests"]["cpu"] and len(comp["tests"]["cpu"]) > 3
     assert (root / "patches" / "v0.21.0" / "series").read_text() == ""
     assert kvforge("lint").exit_code == 0 and kvforge("matrix").exit_code == 0
     r = run_kvforge("apply", "-t", "v0.21.0", "--json", cwd=tmp_path)

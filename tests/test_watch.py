@@ -204,6 +204,29 @@ def test_a_failed_row_is_reported_and_the_others_still_run(tmp_path, monkeypatch
     assert "watch: [2/2] t/vllm 0.20.2 -> 0.22.0" in err
     assert "**error** (exit 6): cannot download" in md and "Wheels: none on the index." in md
     assert not list((tmp_path / "cache" / "downloads").glob("*.tar.gz"))
+    # COLUMNS=80 kvforge watch | awk '{ if (length > 80) exit 1 }'
+    with serve_index(index) as url:
+        monkeypatch.setenv("KVFORGE_PYPI_URL", url)
+        _c, wide, _e = watch(code=6)
+        monkeypatch.setenv("COLUMNS", "80")
+        _c, text, err = watch(code=6)
+    assert max(len(ln) for ln in wide.splitlines()) > 80
+    assert all(len(ln) <= 80 for ln in text.splitlines()), text
+    assert "".join(text.split()).count("cannotdownload") == "".join(wide.split()).count("cannotdownload")
+    assert "kvforge: error: attention needed" in err  # a network failure is an error, not only attention
+
+
+def test_attention_is_a_result_not_an_error():
+    """A new release that needs a person (a conflict, a missing wheel) is watch's normal result: said as
+    "attention", exit 3; "error" only when --apply stopped or the network failed."""
+    from kvforge.flow.watch import Check, ReleaseReport, WatchResult
+
+    chk = Check("t", "vllm", "0.20.2", status="attention")
+    rep = WatchResult("https://pypi.org/pypi", None, [], [ReleaseReport("vllm", "0.21.0", None, None, None,
+                                                                        checks=[chk])])
+    assert (rep.exit_code, rep.error_label) == (3, "attention")
+    chk.error, chk.exit = "cannot download", 6
+    assert (rep.exit_code, rep.error_label) == (6, "error")
 
 
 def test_the_watch_workflow_passes_actionlint_and_the_schema():

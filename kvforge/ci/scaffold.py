@@ -1,26 +1,37 @@
-"""`kvforge init DIR`: a new patch repository of another team's, run by the installed kvforge.
+"""`kvforge init [DIR]`: a new patch repository of another team's, run by the installed kvforge.
 
-DIR gets targets/ and patches/ (what project discovery, kvforge.targets.project_root, looks for), a README
-with the two commands (install kvforge, run the checks and CPU jobs), a .gitignore (the cache CI keeps in
-the checkout, the trees kvforge makes), the CI files (GitHub Actions and Buildkite: kvforge's own
-ci/github/kvforge.yml and ci/buildkite/pipeline.yml, shipped in kvforge/data/init, installing kvforge with
-$KVFORGE_INSTALL instead of from the checkout; `kvforge matrix` puts that same command in every job's
-setup), and with --release a first target: the release's PyPI sdist pinned by sha256 (kvforge.bases's
-package-index reader), an empty series, the KV-cache manager's CPU tests as its selection.
+DIR (default: the current directory) gets targets/ and patches/ (what project discovery,
+kvforge.targets.project_root, looks for), a README with the two commands (install kvforge, run the checks and
+CPU jobs), a .gitignore (the cache CI keeps in the checkout, the trees kvforge makes), the CI files (GitHub
+Actions and Buildkite: kvforge's own ci/github/kvforge.yml, ci/github/kvforge-watch.yml and
+ci/buildkite/pipeline.yml, shipped in kvforge/data/init, installing kvforge with $KVFORGE_INSTALL instead of from
+the checkout; `kvforge matrix` puts that same command in every job's setup), and with --release a first target:
+the release's PyPI sdist pinned by sha256 (kvforge.bases's package-index reader), an empty series, vLLM's CPU
+core suites as its CPU selection (`core_cpu_suites`, the selection `kvforge target add` gives a first target).
 
-All or nothing: everything, git repository and first commit included, is made in a hidden sibling
-`.DIR.kvforge-init-PID` and renamed to DIR in one step (DIR must not exist or be an empty directory); a
-killed init leaves only that hidden directory, which the next init removes. Nothing of the user's is
-touched: a DIR with anything in it is refused.
+Where CI gets kvforge (docs/init.md): --install REQUIREMENT when given; else the git URL and commit the running
+kvforge was installed from (PEP 610 direct_url.json), when it names a remote; else a wheel of the running
+kvforge, written by `kvforge_wheel` from its installed files, shipped into the repository (ci/) and installed
+from there. Never a path of the machine that ran init: a CI runner has none of them.
+
+All or nothing: a DIR that does not exist is made in a hidden sibling `.DIR.kvforge-init-PID` and renamed to
+DIR in one step. An existing empty DIR (`.` included) is written in place, never replaced (a shell in it would be
+left in a deleted directory): everything is made in a hidden `DIR/.kvforge-init-PID`, then moved up entry by
+entry; a failure takes back the entries moved. A killed init leaves only a hidden staging directory, which the
+next init removes. Nothing of the user's is touched: a DIR with anything else in it is refused.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 import os
 import re
 import shlex
 import shutil
+import zipfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -31,7 +42,7 @@ from packaging.version import InvalidVersion, Version
 from kvforge import DATA
 from kvforge.git import gitutil
 from kvforge import __version__
-from kvforge.git.bases import pypi_url, release_files
+from kvforge.git.bases import ensure_base, pypi_url, release_files
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import crashpoint, remove_stale, sha256_remembered
@@ -41,7 +52,13 @@ from kvforge.project.targets import TARGET_NAME_RE, parse_target
 DATA = DATA / "init"
 UPSTREAMS = ("vllm", "vllm-ascend")
 STALE = r"^\.{name}\.kvforge-init-(?P<pid>\d+)$"
-# The CPU tests of vLLM's KV-cache manager (in every release since 0.20); `kvforge test --scan --try` finds more.
+STALE_INSIDE = r"^\.kvforge-init-(?P<pid>\d+)$"  # the staging directory inside an existing DIR
+WHEEL_DIR = "ci"  # where a shipped kvforge wheel lies in the new repository
+# vLLM's core suites: the test modules under CORE_TESTS that vLLM marks CPU-only (pytest.mark.cpu_test) are a
+# first target's CPU selection; a release that marks none gets VLLM_CPU, the KV-cache manager's CPU tests (in every
+# release since 0.20). `kvforge test --scan --try` finds the other modules a series reaches.
+CORE_TESTS = "tests/v1/core/"
+CPU_MARK = "pytest.mark.cpu_test"
 VLLM_CPU = ("tests/v1/core/test_prefix_caching.py", "tests/v1/core/test_single_type_kv_cache_manager.py",
             "tests/v1/core/test_kv_cache_utils.py")
 # vllm-ascend's scheduler-side unit tests that run on CPU with kvforge's stand-ins (as this project's v0.20.2rc).
@@ -59,10 +76,85 @@ class Pin:
     source: str  # where the sha256 came from
 
 
+@dataclass(frozen=True)
+class Install:
+    command: str  # the pip command CI runs ($KVFORGE_INSTALL)
+    how: str  # where it installs kvforge from, said to the user
+    wheel: tuple[str, bytes] | None = None  # (file name, bytes) of a kvforge wheel shipped in WHEEL_DIR
+
+
+def install_plan(spec: str | None = None) -> Install:
+    """How the new repository's CI installs kvforge (see the module docstring): --install, else the running
+    kvforge's git source, else a wheel of the running kvforge shipped into the repository."""
+    if spec is not None:
+        cmd, how = install_command(spec)
+        return Install(cmd, how)
+    git = _git_source()
+    if git is not None:
+        return Install(f"python3 -m pip install {shlex.quote(git)}", "the installed kvforge's git source")
+    name, data = kvforge_wheel()
+    digest = hashlib.sha256(data).hexdigest()
+    return Install(f"python3 -m pip install ./{WHEEL_DIR}/{name}",
+                   f"a wheel of this kvforge shipped in the repository, {WHEEL_DIR}/{name}, sha256 {digest[:16]}...; "
+                   "--install REQUIREMENT to take kvforge from elsewhere", (name, data))
+
+
+def _git_source() -> str | None:
+    """`kvforge @ git+URL@COMMIT` when the running kvforge was installed from a git remote (not a local path)."""
+    try:
+        direct = json.loads(metadata.distribution("kvforge").read_text("direct_url.json") or "null")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    if not isinstance(direct, dict) or not isinstance(direct.get("url"), str):
+        return None
+    url, vcs = direct["url"], direct.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs") == "git" and vcs.get("commit_id") and not url.startswith("file:"):
+        return f"kvforge @ git+{url}@{vcs['commit_id']}"
+    return None
+
+
+def kvforge_wheel() -> tuple[str, bytes]:
+    """A wheel (file name, bytes) of the running kvforge, from its installed files: the package (its data, the
+    docs included) and the installed METADATA and entry points. The same kvforge gives the same bytes (entries
+    sorted, a fixed date), so the repository's copy changes only when kvforge does."""
+    root = Path(__file__).resolve().parent.parent  # the kvforge package
+    try:
+        dist = metadata.distribution("kvforge")
+        meta, entry_points = dist.read_text("METADATA"), dist.read_text("entry_points.txt")
+    except metadata.PackageNotFoundError:
+        meta = entry_points = None
+    meta = meta or f"Metadata-Version: 2.1\nName: kvforge\nVersion: {__version__}\n"
+    entry_points = entry_points or "[console_scripts]\nkvforge = kvforge.cli:main\n"
+    info = f"kvforge-{__version__}.dist-info"
+    files: dict[str, bytes] = {}
+    found = [Path(d) / f for d, dirs, names in os.walk(root, followlinks=True)  # data/docs may be a link
+             if "__pycache__" not in Path(d).parts for f in names]
+    for path in sorted(found):
+        rel = path.relative_to(root)
+        if path.suffix in (".pyc", ".pyo") or not path.is_file():
+            continue
+        files[f"kvforge/{rel.as_posix()}"] = path.read_bytes()
+    files[f"{info}/METADATA"] = meta.encode("utf-8")
+    files[f"{info}/entry_points.txt"] = entry_points.encode("utf-8")
+    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: kvforge init\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n")
+    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
+                     f"{len(d)}\n" for n, d in files.items())
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode("utf-8")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, d in files.items():
+            entry = zipfile.ZipInfo(n, (1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(entry, d)
+    return f"kvforge-{__version__}-py3-none-any.whl", buf.getvalue()
+
+
 def install_command(spec: str | None = None) -> tuple[str, str]:
     """(the pip command that installs this kvforge elsewhere, how it was found). `spec`: a pip requirement the
     user gave; else the installed distribution's PEP 610 direct_url.json (a git URL and commit, a local path),
-    else kvforge==<version> from the package index."""
+    else kvforge==<version> from the package index. (init takes `install_plan`, which never gives a local path.)"""
     if spec is not None:
         if not spec.strip() or any(c in spec for c in "\n\r'\"`$\\"):
             raise KvforgeError(f"--install {spec!r}: give a pip requirement (e.g. 'kvforge @ git+https://host/"
@@ -107,6 +199,24 @@ def sdist_pin(package: str, version: str, cache: Cache) -> Pin:
     return Pin(package, version, sha256_remembered(local), f"{local} (offline: not checked against the package index)")
 
 
+def core_cpu_suites(repo: Path, commit: str) -> tuple[str, ...]:
+    """vLLM's own CPU-marked core suites in the base tree `commit` of `repo`: the test_*.py modules under
+    CORE_TESTS that use CPU_MARK (vLLM runs them in its cpu_test lane), in path order; VLLM_CPU when none is."""
+    res = gitutil.run(repo, "grep", "-l", "-F", CPU_MARK, commit, "--", f"{CORE_TESTS}*.py", check=False)
+    found = sorted(line.split(":", 1)[1] for line in res.stdout.splitlines() if ":" in line)
+    found = [p for p in found if Path(p).name.startswith("test_")]
+    return tuple(found) or VLLM_CPU
+
+
+def first_selection_comment(cpu: tuple[str, ...]) -> list[str]:
+    """The comment above a first target's CPU selection: where it came from."""
+    if cpu == VLLM_CPU:
+        return ["vLLM's KV-cache manager CPU tests (this release marks no core suite CPU-only).",
+                "`kvforge test -t TARGET --scan --try` adds the other modules a series reaches that run on CPU."]
+    return [f"vLLM's own CPU-only core suites: the modules under {CORE_TESTS} marked {CPU_MARK} in this release",
+            "(vLLM's cpu_test lane). `kvforge test -t TARGET --scan --try` adds the other modules a series reaches."]
+
+
 def _toml_list(items: tuple[str, ...] | list[str], indent: str = "    ") -> str:
     return "[\n" + "".join(f"{indent}{json.dumps(i)},\n" for i in items) + "]"
 
@@ -119,8 +229,9 @@ def _release_block(pin: Pin) -> str:
             "`kvforge target add`\n# pins them per platform tag.\n")
 
 
-def target_text(name: str, upstream: str, pins: dict[str, Pin]) -> str:
-    """The first target's file: vLLM alone, or vLLM (no series needed) under vllm-ascend."""
+def target_text(name: str, upstream: str, pins: dict[str, Pin], cpu: tuple[str, ...] = VLLM_CPU) -> str:
+    """The first target's file: vLLM alone, or vLLM (no series needed) under vllm-ascend; `cpu`: vLLM's CPU
+    selection (core_cpu_suites of its base, the selection `kvforge target add` gives a first target)."""
     vllm = pins["vllm"]
     lines = [f"name = {json.dumps(name)}",
              f"description = {json.dumps(f'{upstream} {pins[upstream].version} (written by kvforge init)')}",
@@ -129,10 +240,9 @@ def target_text(name: str, upstream: str, pins: dict[str, Pin]) -> str:
              f"ref = {json.dumps('v' + vllm.version)}", f"series = {json.dumps(f'patches/{name}')}",
              f"platforms = {json.dumps(['cpu', 'cuda'] if upstream == 'vllm' else ['cpu'])}",
              _release_block(vllm), "[components.tests]",
-             "# Run from the root of the base or patched tree; every test a patch names in Checks is added. vLLM's",
-             "# KV-cache manager tests; `kvforge test -t {0} --scan --try` finds the other modules the series touches."
-             .format(name),
-             f"cpu = {_toml_list(VLLM_CPU)}"]
+             "# Run from the root of the base or patched tree; every test a patch names in Checks is added.",
+             *(f"# {line}" for line in first_selection_comment(cpu)),
+             f"cpu = {_toml_list(cpu)}"]
     if upstream == "vllm":
         lines += ['cuda = ["tests/v1/core"]']
     else:
@@ -164,6 +274,17 @@ def ci_text(install: str) -> tuple[str, str]:
     return github, buildkite
 
 
+def watch_text(install: str) -> str:
+    """kvforge's own scheduled watch workflow (data/init's copy of ci/github/kvforge-watch.yml), installing kvforge
+    with `install` ($KVFORGE_INSTALL) instead of from the checkout."""
+    watch = (DATA / "github-kvforge-watch.yml").read_text(encoding="utf-8")
+    if SOURCE_INSTALL not in watch or "\nenv:\n" not in watch:
+        raise AssertionError("kvforge/data/init's watch workflow no longer has the install step or env: to rewrite")
+    note = (f"# Written by `kvforge init` (kvforge {__version__}): $KVFORGE_INSTALL installs kvforge.\n")
+    return note + watch.replace(SOURCE_INSTALL, "${{ env.KVFORGE_INSTALL }}").replace(
+        "\nenv:\n", f"\nenv:\n  KVFORGE_INSTALL: {json.dumps(install)}\n", 1)
+
+
 def fill(template: str, values: dict[str, str]) -> str:
     """@@NAME@@ placeholders (not jinja2: the CI files and the README are full of ${{ }} and {})."""
     return re.sub(r"@@([A-Z_]+)@@", lambda m: values[m.group(1)], template)
@@ -184,10 +305,13 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
     if upstream not in UPSTREAMS:
         raise KvforgeError(f"--upstream must be one of {', '.join(UPSTREAMS)}, not {upstream!r}", EXIT_USAGE)
     dest = Path(os.path.abspath(dest))
+    in_place = False
     if dest.exists() or dest.is_symlink():
         if not dest.is_dir() or dest.is_symlink():
             raise KvforgeError(f"{dest}: exists and is not a directory; kvforge init makes a new project in a new or "
                                "empty directory", EXIT_USAGE)
+        remove_stale(dest, STALE_INSIDE)
+        in_place = True
         if any(dest.iterdir()):
             raise KvforgeError(f"{dest}: not empty; kvforge init makes a new project only in a new or empty "
                                "directory (nothing was written)", EXIT_USAGE)
@@ -201,7 +325,8 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
         except InvalidVersion:
             raise KvforgeError(f"--release {release!r} is not a release version (e.g. 0.20.2, 0.20.2rc1)",
                                EXIT_USAGE) from None
-    cmd, how = install_command(install)
+    plan = install_plan(install)
+    cmd, how = plan.command, plan.how
 
     pins: dict[str, Pin] = {}
     tname = None
@@ -216,17 +341,23 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
             pins["vllm-ascend"] = sdist_pin("vllm_ascend", release, cache)
             pins["vllm"] = sdist_pin("vllm", vllm_version, cache)
 
-    remove_stale(dest.parent, STALE.format(name=re.escape(dest.name)))
-    stage = dest.parent / f".{dest.name}.kvforge-init-{os.getpid()}"
+    if in_place:
+        stage = dest / f".kvforge-init-{os.getpid()}"
+    else:
+        remove_stale(dest.parent, STALE.format(name=re.escape(dest.name)))
+        stage = dest.parent / f".{dest.name}.kvforge-init-{os.getpid()}"
     try:
-        _write(stage, dest.name, upstream, tname, pins, cmd)
+        _write(stage, dest.name, upstream, tname, pins, cmd, plan.wheel, cache, say)
         gitutil.run(stage, "init", "-q", "-b", "main")
         gitutil.run(stage, "add", "-A")
         what = f"targets/{tname}.toml" if tname else "no target yet"
         gitutil.run(stage, "commit", "-q", "-m", f"kvforge init: a patch repository for {upstream} ({what})",
                     env=_author_env(stage))
         crashpoint("init:before-rename")
-        os.rename(stage, dest)  # one step; an empty `dest` directory is replaced (POSIX rename)
+        if in_place:
+            _move_up(stage, dest)
+        else:
+            os.rename(stage, dest)  # one step
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -239,7 +370,23 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
                      for k, p in pins.items()}}
 
 
-def _write(stage: Path, title: str, upstream: str, tname: str | None, pins: dict[str, Pin], install: str) -> None:
+def _move_up(stage: Path, dest: Path) -> None:
+    """Every entry of `stage` (inside `dest`) into `dest`, then `stage` removed; a failure moves back the entries
+    already moved, so `dest` is left as it was (empty but for `stage`, which the caller removes)."""
+    moved: list[str] = []
+    try:
+        for entry in sorted(os.listdir(stage)):
+            os.rename(stage / entry, dest / entry)
+            moved.append(entry)
+        stage.rmdir()
+    except BaseException:
+        for entry in reversed(moved):
+            os.rename(dest / entry, stage / entry)
+        raise
+
+
+def _write(stage: Path, title: str, upstream: str, tname: str | None, pins: dict[str, Pin], install: str,
+           wheel: tuple[str, bytes] | None = None, cache: Cache | None = None, say: Say | None = None) -> None:
     stage.mkdir()
     (stage / "targets").mkdir()
     (stage / "patches").mkdir()
@@ -253,7 +400,12 @@ def _write(stage: Path, title: str, upstream: str, tname: str | None, pins: dict
             (stage / d / "series").write_text("")
         path = stage / "targets" / f"{tname}.toml"
         path.write_text(target_text(tname, upstream, pins), encoding="utf-8")
-        parse_target(path, stage)  # what kvforge init writes, kvforge reads: a failure here is a kvforge bug
+        first = parse_target(path, stage)  # what kvforge init writes, kvforge reads: a failure here is a kvforge bug
+        if cache is not None:  # vLLM's base, for its CPU-marked core suites (as `kvforge target add` selects)
+            base = ensure_base(first.component("vllm"), cache, "sdist", None, say)
+            path.write_text(target_text(tname, upstream, pins, core_cpu_suites(base.repo, base.commit)),
+                            encoding="utf-8")
+            parse_target(path, stage)
     readme = fill((DATA / "README.md.in").read_text(encoding="utf-8"), {
         "NAME": title, "UPSTREAM": upstream, "INSTALL": install, "KVFORGE_VERSION": __version__,
         "UPSTREAM_TITLE": {"vllm": "vLLM", "vllm-ascend": "vllm-ascend (on vLLM)"}[upstream]})
@@ -262,6 +414,10 @@ def _write(stage: Path, title: str, upstream: str, tname: str | None, pins: dict
     github, buildkite = ci_text(install)
     (stage / ".github" / "workflows").mkdir(parents=True)
     (stage / ".github" / "workflows" / "kvforge.yml").write_text(github, encoding="utf-8")
+    (stage / ".github" / "workflows" / "kvforge-watch.yml").write_text(watch_text(install), encoding="utf-8")
+    if wheel is not None:
+        (stage / WHEEL_DIR).mkdir()
+        (stage / WHEEL_DIR / wheel[0]).write_bytes(wheel[1])
     (stage / ".buildkite").mkdir()
     (stage / ".buildkite" / "pipeline.yml").write_text(buildkite, encoding="utf-8")
 

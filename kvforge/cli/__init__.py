@@ -22,8 +22,8 @@ import click
 from kvforge import __version__
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_CODES
-from kvforge.cli import proof, series, upstream, wheels
-from kvforge.cli.finish import finish, progress, run_cli
+from kvforge.cli import help, proof, series, upstream, wheels
+from kvforge.cli.finish import VERBOSITY, finish, progress, run_cli
 from kvforge.cli.options import Group, cache_option
 
 __all__ = ["cli", "finish", "main", "progress"]
@@ -40,10 +40,13 @@ def exit_code_help() -> str:
 
 @click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="\b\nExit codes:\n" + exit_code_help())
-@click.version_option(__version__, prog_name="kvforge")
+@click.version_option(__version__, "-V", "--version", prog_name="kvforge")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr (warnings and errors still).")
+@click.option("-v", "--verbose", is_flag=True, help="An internal error's traceback on stderr too (it is always saved "
+                                                    "to a file).")
 @cache_option
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
     """Carry, prove and measure downstream patch series for vLLM's hybrid KV-cache manager.
 
     \b
@@ -53,12 +56,15 @@ def cli(ctx: click.Context) -> None:
       (edit, commit in DIR)
       kvforge verify -t v0.20.2rc --from DIR   prove each of your commits with vLLM's own tests
       kvforge export -t v0.20.2rc --from DIR   write your commits back as the series (all or nothing)
+
+    Documentation: `kvforge help` (the docs ship with kvforge); a command's options: `kvforge COMMAND --help`.
     """
+    VERBOSITY["level"] = -1 if quiet else 1 if verbose else 0
     if ctx.obj is None:
         ctx.obj = Cache(None)
 
 
-for _module in (series, proof, wheels, upstream):
+for _module in (series, proof, wheels, upstream, help):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

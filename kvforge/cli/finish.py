@@ -24,28 +24,37 @@ import click
 from kvforge import __version__
 from kvforge.core.errors import EXIT_INTERNAL, EXIT_USAGE, KvforgeError
 from kvforge.core.outcome import Outcome
-from kvforge.core.render import json_text
+from kvforge.core.render import fit, json_text
+
+
+VERBOSITY = {"level": 0}  # -q: -1 (no progress lines), -v: 1 (an internal error's traceback on stderr too)
 
 
 def progress(msg: str) -> None:
-    click.echo(f"kvforge: {msg}", err=True)
+    """A progress line on stderr (none with -q)."""
+    if VERBOSITY["level"] >= 0:
+        click.echo(f"kvforge: {msg}", err=True)
 
 
-def finish(result: Outcome | KvforgeError, as_json: bool) -> NoReturn:
+def finish(result: Outcome | KvforgeError, as_json: bool, fit_text: bool = False) -> NoReturn:
     """Print how a command ended and exit with its code: the one place that does.
 
     An Outcome: with --json its to_json() (plus "error" and "exit" when it failed; keys the document
     has itself win) on stdout, else its render() on stdout and its `aside` on stderr; its `notes`
     as warnings first. A KvforgeError: {"error": its first line, "exit", **data} with --json, else
     its `text` on stdout; its `notes` first. Failing: "kvforge: error: <error>" on stderr (with --json
-    the first line of the document's "error")."""
+    the first line of the document's "error"). `fit_text`: wrap the text to the terminal's width (a report
+    for a terminal; never a text meant to be pasted, such as a PR body). An Outcome whose `error_label` is set
+    says it instead of "error" (a result that needs attention, not a failure of kvforge)."""
     error: str | None
     doc: Any
+    label = "error"
     if isinstance(result, KvforgeError):
         code, error, notes, aside = result.exit_code, str(result), result.notes, ""
         doc, text = dict(result.data), result.text
     else:
         code, error, aside = result.exit_code, result.error, getattr(result, "aside", "")
+        label = getattr(result, "error_label", None) or label
         notes = getattr(result, "notes", [])
         doc, text = (result.to_json(), "") if as_json else (None, result.render())
     for note in notes:
@@ -56,12 +65,14 @@ def finish(result: Outcome | KvforgeError, as_json: bool) -> NoReturn:
             error = str(doc["error"])
         click.echo(json_text(doc))
     else:
+        if text and fit_text:
+            text = fit(text)
         if text:
             click.echo(text, nl=not text.endswith("\n"))
         if aside:
             click.echo(aside, err=True)
     if error is not None:
-        click.echo(f"kvforge: error: {first_line(error) if as_json else error}", err=True)
+        click.echo(f"kvforge: {label}: {first_line(error) if as_json else error}", err=True)
     sys.exit(code)
 
 
@@ -169,6 +180,8 @@ def _run(group: click.Group, args: list[str], prog_name: str | None, as_json: bo
         interrupted(exc)
     except Exception as exc:
         where = crash_report(exc)
+        if VERBOSITY["level"] > 0:
+            click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
         msg = f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]
         msg += f" (a bug in kvforge; traceback: {where})" if where else " (a bug in kvforge)"
         finish(KvforgeError(msg, EXIT_INTERNAL), as_json)

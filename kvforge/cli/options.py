@@ -3,10 +3,17 @@
 `command(name)` and `group(name)` make a subcommand or a nested group (of `Group`, whose commands get
 --cache-dir too); kvforge.cli adds them to the root group. `make_ctx` builds the one Context a command
 passes to its library function; it imports kvforge.git.context only when a command runs.
+
+Vocabulary (README.md "Options"): one meaning per option name across commands. `-t/--target` a target;
+`--from` a tree or revision (REV|DIR|DIR:REV); `--from-target` a target to start from; `--repo` the upstream git
+repository (a URL or a local clone) kvforge reads from; `--into` a tree kvforge makes; `--out` files kvforge writes;
+`--as` the name of what kvforge makes; `--json` the JSON document (`--format json` where a command has --format).
+An old spelling is a hidden alias (`alias`) for one release, said once on stderr when used.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -21,17 +28,95 @@ def make_ctx(cache: Cache, target_name: str, component: str | None = None, **kw)
     return Context.load(cache, target_name, component, progress=progress, **kw)
 
 
+def complete_targets(_ctx, _param, incomplete: str) -> list[str]:
+    """Shell completion of target names: the files in the project's targets/ (nothing outside a project)."""
+    from kvforge.project.targets import project_root
+
+    try:
+        root = project_root()
+    except Exception:
+        return []
+    return sorted(p.stem for p in (root / "targets").glob("*.toml") if p.stem.startswith(incomplete))
+
+
+def complete_fixes(_ctx, _param, incomplete: str) -> list[str]:
+    """Shell completion of Fix-Ids: every series' patch file names without their NNNN- prefix and .patch, and
+    the Fix-Ids in their headers."""
+    import re
+
+    from kvforge.project.targets import project_root
+
+    try:
+        root = project_root()
+    except Exception:
+        return []
+    found: set[str] = set()
+    for patch in (root / "patches").glob("*/*.patch"):
+        found.add(re.sub(r"^\d+-", "", patch.stem))
+        try:
+            head = patch.read_text(encoding="utf-8", errors="replace").split("\ndiff --git", 1)[0]
+        except OSError:
+            continue
+        found.update(m.group(1) for m in re.finditer(r"^Fix-Id:\s*(\S+)", head, re.M))
+    return sorted(f for f in found if f.startswith(incomplete))
+
+
+def alias(old: str, param: str, new: str, metavar: str | None = None, type=None):
+    """`old` (an option's spelling before the one vocabulary) as a hidden alias of the parameter `param`, spelled
+    `new` now, for one release: its value goes to `param` when `new` was not given, and a warning says so."""
+    hidden = f"alias_{param}"
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            value = kwargs.pop(hidden, None)
+            if value is not None:
+                click.echo(f"kvforge: warning: {old} is the old spelling of {new} (kept for one release)", err=True)
+                if kwargs.get(param) is None:
+                    kwargs[param] = value
+            return fn(*args, **kwargs)
+
+        return click.option(old, hidden, hidden=True, metavar=metavar, type=type)(wrapper)
+
+    return decorate
+
+
 target_option = click.option("--target", "-t", "target_name", required=True, metavar="NAME",
+                             shell_complete=complete_targets,
                              help="Release target (a file in targets/, e.g. v0.20.2rc).")
 json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Print machine-readable JSON on stdout (errors too: {\"error\", \"exit\"}).")
+                           help="Print machine-readable JSON on stdout (errors too: {\"error\", \"exit\"}); never "
+                                "fitted to the terminal.")
 source_option = click.option("--source", type=click.Choice(["auto", "git", "sdist"]), default="auto",
                              show_default=True,
                              help="Where the base comes from: auto uses a cached base, else --repo or a reachable "
                                   "upstream, else the PyPI sdist (offline-capable).")
+REPO_HELP = "The upstream git repository (a URL or a local clone) kvforge reads from"
 repo_option = click.option("--repo", "repo_url", metavar="URL|DIR",
-                           help="Git remote or local clone to take the base ref from (implies --source git).")
-component_option = click.option("--component", metavar="NAME", help="Component of the target (default: the first).")
+                           help=f"{REPO_HELP}: the base ref is taken from it (implies --source git).")
+
+
+def component_option_for(default: str):
+    """--component, its help saying what the command does without it on a target of several components."""
+    return click.option("--component", metavar="NAME",
+                        help=f"Only this component of the target (vllm, vllm-ascend) [default: {default}].")
+
+
+EVERY_COMPONENT = "every component of the target, in order; with --from DIR, the component DIR was applied for"
+FIRST_COMPONENT = "the target's first component (vllm); with --from DIR, the component DIR was applied for"
+component_option = component_option_for(FIRST_COMPONENT)
+
+
+def tree_component(target_name: str, component: str | None, from_rev: str | None) -> str | None:
+    """--component for a command given one tree (--from) on a target of several components and no --component:
+    the component `kvforge apply` recorded in that tree (git config kvforge.component), as export has always
+    taken it; refused (exit 2) when the tree records none. Else `component` unchanged."""
+    if component is not None or not from_rev:
+        return component
+    from kvforge.env import components
+    from kvforge.project import targets
+
+    return components.component_of_tree(targets.load_target(target_name), from_rev)
 from_option = click.option("--from", "from_rev", metavar="REV|DIR|DIR:REV",
                            help="Use the commits base..REV of a tree as the series instead of the series files: "
                                 "REV in the current directory's repository, a tree DIR (its HEAD), or DIR:REV.")

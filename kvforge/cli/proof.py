@@ -12,8 +12,9 @@ from kvforge.bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from kvforge.core.cache import Cache
 from kvforge.project.platforms import PLATFORMS
 from kvforge.cli.finish import finish, handle_errors
-from kvforge.cli.options import (command, component_option, group, json_option, make_ctx, python_option, repo_option,
-                                 source_option, target_option, torch_index_option, tree_options)
+from kvforge.cli.options import (EVERY_COMPONENT, command, component_option, component_option_for, group, json_option,
+                                 make_ctx, python_option, repo_option, source_option, target_option, torch_index_option,
+                                 tree_component, tree_options)
 
 
 @command("env")
@@ -49,7 +50,7 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 
 @command("test")
 @target_option
-@component_option
+@component_option_for(EVERY_COMPONENT)
 @click.option("--platform", "platform_name", type=click.Choice(list(PLATFORMS)), default="cpu",
               show_default=True, help="Test selection to run (targets/*.toml components.tests).")
 @click.option("--base/--patched", "on_base", default=False,
@@ -78,6 +79,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
     from kvforge.proof import selection
     from kvforge.proof import testrun
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(selection.scan_target(ctx, try_cpu) if scan or try_cpu
@@ -86,7 +88,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
 
 @command("verify")
 @target_option
-@component_option
+@component_option_for(EVERY_COMPONENT)
 @tree_options
 @click.pass_obj
 @handle_errors
@@ -101,6 +103,7 @@ def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: 
     """
     from kvforge.proof import verify
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(verify.verify_command(ctx, component), as_json)
@@ -141,6 +144,7 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
 
     if plot_path is not None:
         prefix_cache.check_plot_available()
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(prefix_cache.bench_command(ctx, scenario_spec, scale, seed, plot_path), as_json)
@@ -181,6 +185,7 @@ def bench_scheduler_overhead_cmd(cache: Cache, target_name: str, component: str 
     """
     from kvforge.bench import overhead
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(overhead.bench_scheduler_overhead(ctx, topologies, kinds, pools, scale, steps, reps, seed, mask=not no_mask),

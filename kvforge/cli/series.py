@@ -11,7 +11,8 @@ import click
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.cli.finish import finish, handle_errors, progress
-from kvforge.cli.options import (command, component_option, from_option, group, json_option, make_ctx, repo_option,
+from kvforge.cli.options import (EVERY_COMPONENT, alias, command, complete_targets, component_option,
+                                 component_option_for, from_option, group, json_option, make_ctx, repo_option,
                                  source_option, target_option)
 
 
@@ -23,19 +24,20 @@ def targets_cmd(cache: Cache, as_json: bool) -> None:
     """List the release targets and their components."""
     from kvforge.project import targets
 
-    finish(targets.targets_command(), as_json)
+    finish(targets.targets_command(), as_json, fit_text=True)
 
 
 @group("target")
 def target_group() -> None:
-    """Make targets: `kvforge target add VERSION` (see docs/targets.md)."""
+    """Make targets: `kvforge target add VERSION` (see `kvforge help targets`)."""
 
 
 @target_group.command("add")
 @click.argument("version", required=False, metavar="VERSION")
-@click.option("--from", "from_target", metavar="TARGET",
+@click.option("--from-target", "from_target", metavar="TARGET", shell_complete=complete_targets,
               help="Seed the series from this target [default: the newest maintained target whose vLLM base is "
                    "older than VERSION].")
+@alias("--from", "from_target", "--from-target", metavar="TARGET")
 @click.option("--as", "as_name", metavar="NAME", help="The new target's name [default: vVERSION]; with --continue or "
                                                       "--abort: which target add.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (pins, each patch's verdict, selections); write nothing.")
@@ -61,7 +63,7 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
       newest whose sdist's Dockerfile says ARG VLLM_TAG=vVERSION (0.22.1 -> vllm_ascend
       0.22.1rc1, branch releases/v0.22.1rc), pinned the same way, or is left out with
       the reason (0.21.0: vllm_ascend 0.21.0rc1 is built on vLLM v0.22.1);
-    - each component's series seeded by rebasing the --from target's series onto the
+    - each component's series seeded by rebasing the --from-target's series onto the
       new base (verdicts and signals per patch, as kvforge rebase); a conflict stops
       (exit 3) with the worktree named: resolve, `git add`, then --continue (or
       --skip the patch, --abort);
@@ -104,12 +106,14 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
 
 @command("apply")
 @target_option
-@component_option
+@component_option_for("every component of the target, each into its own ./<component>-<target>; with --into or "
+                      "--into-clone (one tree), the target's first component (vllm)")
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path),
               help="Make a standalone git repository here [default: ./<component>-<target>; a target with several "
                    "components and no --component: each component into its own].")
-@click.option("--repo-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+@click.option("--into-clone", "repo_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Instead: add the branch to this existing clone (its checkout, index and changes are untouched).")
+@alias("--repo-dir", "repo_dir", "--into-clone", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--branch", help="Branch to create [default: kvforge/<target>; kvforge/<target>-<component> for a "
                                 "target's second component].")
 @click.option("--keep-conflict", is_flag=True,
@@ -127,7 +131,7 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
     --into DIR      a standalone repository (objects copied, no link to the cache): the base is
                     tagged kvforge/base/<target>, the branch checked out. Deleting the cache
                     never affects it.
-    --repo-dir DIR  the branch (and base tag) fetched into your existing clone.
+    --into-clone D  the branch (and base tag) fetched into your existing clone D.
 
     A target with several components (v0.20.2rc: vllm, then vllm-ascend) without --component
     applies each into ./<component>-<target>, every series prepared before any tree is made.
@@ -138,15 +142,23 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
     a branch that differs (your work) is never touched: the refusal says how to keep it.
     """
     from kvforge.flow import apply
+    from kvforge.project import targets
 
+    if component is None and (into is not None or repo_dir is not None):
+        comps = targets.load_target(target_name).components
+        if len(comps) > 1:  # one tree named: the target's first component, said (as every command's default)
+            component = comps[0].name
+            progress(f"{target_name} has {len(comps)} components ({', '.join(c.name for c in comps)}) and "
+                     f"{'--into' if into is not None else '--into-clone'} names one tree: {component}, the first "
+                     "(--component NAME for another)")
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
-    finish(apply.apply_command(ctx, component, into, repo_dir, branch, keep_conflict), as_json)
+    finish(apply.apply_command(ctx, component, into, repo_dir, branch, keep_conflict), as_json, fit_text=True)
 
 
 @command("lint")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", shell_complete=complete_targets,
               help="Lint only these targets' series (repeatable) [default: all].")
-@click.option("--component", metavar="NAME", help="Lint only this component's series [default: every component].")
+@component_option_for(EVERY_COMPONENT)
 @click.option("--selections", is_flag=True,
               help="Also check that every test path of every platform selection (cpu, cuda, npu) exists in its "
                    "base (materialises the bases into the cache).")
@@ -212,11 +224,11 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
     """
     from kvforge.flow import status
 
-    finish(status.status_command(cache, check, progress), as_json)
+    finish(status.status_command(cache, check, progress), as_json, fit_text=True)
 
 
 @command("report")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", shell_complete=complete_targets,
               help="Only this target (repeatable) [default: every target].")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "trend"]), default="table",
               show_default=True,
@@ -227,23 +239,24 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
 @handle_errors
 def report_cmd(cache: Cache, target_names: tuple[str, ...], fmt: str, as_json: bool) -> None:
     """What carrying each fix costs, per fix and target: since when and in which releases it is carried,
-    its Upstream-Status and PR, whether its Drop-When is met on the newest release, whether its verify
+    its Upstream-Status and PR, whether its Drop-When is met on the newest release a target follows (the newest
+    target per component), whether its verify
     evidence is current or stale, and its churn (commits that changed the patch file, rebase drops).
 
     \b
     Totals by Upstream-Status as Yocto's patchreview counts them and by forwarding as Debian's UDD
-    does. --json: every row and the totals (schema in docs/report.md); --format trend: one line,
+    does. --json: every row and the totals (schema: `kvforge help report`); --format trend: one line,
     e.g. `kvforge report --format trend >> carrying.jsonl` in a scheduled job.
     Materialises the bases into the cache, as `kvforge status --check` does.
     """
     from kvforge.flow import carrying
 
-    finish(carrying.report_command(cache, target_names, fmt, progress), as_json)
+    finish(carrying.report_command(cache, target_names, fmt, progress), as_json, fit_text=fmt == "table")
 
 
 @command("export")
 @target_option
-@component_option
+@component_option_for("the one `kvforge apply` recorded in the tree (git config kvforge.component)")
 @from_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Series directory to write [default: the target's series].")

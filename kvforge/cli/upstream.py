@@ -11,8 +11,9 @@ import click
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.cli.finish import finish, handle_errors, progress
-from kvforge.cli.options import (command, component_option, from_option, json_option, make_ctx, repo_option,
-                                 source_option, target_option)
+from kvforge.cli.options import (REPO_HELP, alias, command, complete_fixes, complete_targets, component_option,
+                                 component_option_for, from_option, json_option, make_ctx, repo_option, source_option,
+                                 target_option, tree_component)
 
 
 @command("rebase")
@@ -58,7 +59,7 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
 @command("watch")
 @click.option("--since", metavar="VERSION", help="Only releases newer than this one [default: newer than each "
                                                  "target's base].")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", shell_complete=complete_targets,
               help="Watch only these targets (repeatable) [default: every target whose lifecycle is maintained].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True, help="The report: a table, JSON, or markdown (one section per release).")
@@ -86,19 +87,22 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
     \b
     Exit 0: nothing new, or new releases and all clean ("status" in --json says which);
     exit 3: attention needed (a conflict, a disagreement, a wheel the target pins missing, a failed
-    check; 6 when one failed on the network). --json (or --format json) gives every release with its
+    check; said as "kvforge: attention:", a result, not a failure; 6 when one failed on the network). --json (or --format json) gives every release with its
     markdown body and issue title, for the scheduled workflow (ci/github/kvforge-watch.yml).
     """
     from kvforge.flow import watch
 
     finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress, apply),
-           as_json or fmt == "json")
+           as_json or fmt == "json", fit_text=fmt == "table")
 
 
 @command("port")
-@click.argument("fix_id", metavar="FIX")
-@click.option("--to", "to_target", required=True, metavar="TARGET", help="The target to make a variant for.")
-@click.option("--from-target", metavar="TARGET", help="Start from this target's variant [default: the newest other].")
+@click.argument("fix_id", metavar="FIX", shell_complete=complete_fixes)
+@click.option("--target", "-t", "to_target", metavar="TARGET", shell_complete=complete_targets,
+              help="The target to make a variant for (required).")
+@alias("--to", "to_target", "-t/--target", metavar="TARGET")
+@click.option("--from-target", metavar="TARGET", shell_complete=complete_targets,
+              help="Start from this target's variant [default: the newest other].")
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path),
               help="The tree to make [default: ./<component>-<target>-<fix>].")
 @component_option
@@ -107,7 +111,7 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
 @json_option
 @click.pass_obj
 @handle_errors
-def port_cmd(cache: Cache, fix_id: str, to_target: str, from_target: str | None, into: Path | None,
+def port_cmd(cache: Cache, fix_id: str, to_target: str | None, from_target: str | None, into: Path | None,
              component: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Start a variant of one fix for another target: a tree of yours with the target's series and the
     fix applied three-way on top (header and Fix-Id carried over), conflicts left to resolve.
@@ -117,6 +121,8 @@ def port_cmd(cache: Cache, fix_id: str, to_target: str, from_target: str | None,
     """
     from kvforge.flow import port
 
+    if not to_target:
+        raise KvforgeError("kvforge port FIX needs -t/--target TARGET: the target to make a variant for", EXIT_USAGE)
     ctx = make_ctx(cache, to_target, component, source=source, repo_url=repo_url)
     finish(port.port(ctx, fix_id, from_target, into), as_json)
 
@@ -131,8 +137,8 @@ Exit codes:
    6  a PR could not be fetched (offline: download pull/N.patch and pick the file)""")
 @click.argument("source", required=False, metavar="SOURCE")
 @click.option("--repo", "repo_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="SOURCE is a commit (or A..B, picked as one change) of this local clone.")
-@click.option("--target", "-t", "targets", multiple=True, metavar="NAME",
+              help=f"{REPO_HELP}, here a local clone: SOURCE is a commit (or A..B, picked as one change) of it.")
+@click.option("--target", "-t", "targets", multiple=True, metavar="NAME", shell_complete=complete_targets,
               help="Pick into this target (repeatable) [default: every target with the change's component].")
 @click.option("--component", metavar="NAME", help="The change's component [default: from the repository: vllm].")
 @click.option("--fix-id", metavar="ID", help="The Fix-Id [default: a slug of the subject].")
@@ -140,7 +146,7 @@ Exit codes:
 @click.option("--into", "tree_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Where conflict trees are made [default: the current directory].")
 @click.option("--exclude", multiple=True, metavar="TARGET", help="Leave this target out (with --continue too).")
-@click.option("--after", metavar="FIX", help="Place the patch right after the patch with this Fix-Id in each series "
+@click.option("--after", metavar="FIX", shell_complete=complete_fixes, help="Place the patch right after the patch with this Fix-Id in each series "
                                              "(the later ones re-applied over it, or the pick is refused, exit 3) "
                                              "[default: appended].")
 @click.option("--dry-run", is_flag=True, help="Print the verdicts; write nothing, leave no tree.")
@@ -170,7 +176,7 @@ def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: t
     disagree. A conflict leaves a tree of yours at it (./<component>-<target>-pick-<fix>);
     resolve, `git add`, `kvforge pick --continue`. Nothing in patches/ or targets/
     changes until every target is decided; then all of them change in one step
-    (present targets get an in_base entry). See docs/pick.md.
+    (present targets get an in_base entry). See `kvforge help pick`.
     """
     from kvforge.flow import pick
 
@@ -200,7 +206,7 @@ Exit codes:
 text_template_option = click.option(
     "--template", "template_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
     help="Render the body with your own jinja2 template (sandboxed, StrictUndefined; `{% set title = ... %}` "
-         "in it sets the title). See docs/pr.md for the data it gets.")
+         "in it sets the title). See `kvforge help pr` for the data it gets.")
 text_out_option = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
                                help="Write the text to FILE instead of stdout.")
 text_allow_stale_option = click.option(
@@ -210,8 +216,10 @@ text_allow_stale_option = click.option(
 
 @command("pr", epilog=TEXT_EXIT_HELP)
 @target_option
-@component_option
-@click.option("--fix", "fix_id", required=True, metavar="FIX-ID", help="The Fix-Id of the patch to describe.")
+@component_option_for("with --from DIR, the component DIR was applied for; else the one whose patch for the fix "
+                      "has a PR route")
+@click.option("--fix", "fix_id", required=True, metavar="FIX-ID", shell_complete=complete_fixes,
+              help="The Fix-Id of the patch to describe.")
 @click.option("--style", type=click.Choice(["vllm", "vllm-ascend"]), default=None,
               help="Only a check: the style follows the component's upstream (vllm: [Tag] title and the base's own "
                    "PR template; vllm-ascend: [Branch][Module][Action] title, its three-section template); a "
@@ -220,7 +228,8 @@ text_allow_stale_option = click.option(
 @text_out_option
 @text_allow_stale_option
 @click.option("--open", "open_in_gh", is_flag=True,
-              help="Open the PR: re-apply the fix onto the upstream branch of your clone (--repo CLONE, git am -3; "
+              help="Open the PR: re-apply the fix onto the upstream branch of your clone of the upstream repository "
+                   "(--repo CLONE, git am -3; "
                    "conflicts are exit 3), push it to --push-to as fix/<FIX-ID>, check the pushed branch, then "
                    "`gh pr create --draft --base BRANCH --head ...` (exit 5 without gh).")
 @click.option("--push-to", "push_to", metavar="REMOTE|URL",
@@ -255,6 +264,7 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
     from kvforge.project import targets
 
     gh = pr.find_gh() if open_in_gh else None
+    component = tree_component(target_name, component, from_rev)
     if component is None:
         component = prpolicy.component_for_pr(targets.load_target(target_name), fix_id)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
@@ -283,32 +293,40 @@ def notes_cmd(cache: Cache, target_name: str, component: str | None, template_pa
     """
     from kvforge.flow import pr
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
     finish(pr.notes_command(ctx, template_path, allow_stale, out), as_json)
 
 
 @command("init")
-@click.argument("dest", metavar="DIR", type=click.Path(path_type=Path))
+@click.argument("dest", metavar="[DIR]", type=click.Path(path_type=Path), default=Path("."), required=False)
 @click.option("--upstream", type=click.Choice(["vllm", "vllm-ascend"]), default="vllm", show_default=True,
               help="What the series patch: vLLM, or vllm-ascend (on the vLLM release it is built on).")
 @click.option("--release", metavar="VERSION",
               help="Write a first target for this release (vllm 0.20.2, vllm-ascend 0.20.2rc1): its PyPI sdist pinned "
                    "by sha256 (read from the package index), an empty series, vLLM's KV-cache manager CPU tests.")
-@click.option("--name", metavar="NAME", help="The first target's name [default: v<VERSION>].")
+@click.option("--as", "name", metavar="NAME", help="The first target's name [default: v<VERSION>].")
+@alias("--name", "name", "--as", metavar="NAME")
 @click.option("--install", metavar="REQUIREMENT",
               help="The pip requirement CI installs kvforge from (e.g. 'kvforge @ git+https://host/org/kvforge@v0.1.0') "
-                   "[default: where this kvforge was installed from: its git source, else its path, else kvforge==VERSION].")
+                   "[default: the git remote and commit this kvforge was installed from, else a wheel of this kvforge "
+                   "written into the repository's ci/; never a path of this machine].")
 @json_option
 @click.pass_obj
 @handle_errors
 def init_cmd(cache: Cache, dest: Path, upstream: str, release: str | None, name: str | None, install: str | None,
              as_json: bool) -> None:
-    """Make DIR a new patch repository run by this (installed) kvforge: targets/, patches/, a README with
-    the two commands (install kvforge, run the checks and CPU jobs), .gitignore, the CI files
-    (.github/workflows/kvforge.yml, .buildkite/pipeline.yml) and a git repository with a first commit.
+    """Make DIR (default: the current directory) a new patch repository run by this (installed) kvforge:
+    targets/, patches/, a README with the two commands (install kvforge, run the checks and CPU jobs),
+    .gitignore, the CI files (.github/workflows/kvforge.yml and kvforge-watch.yml, .buildkite/pipeline.yml)
+    and a git repository with a first commit.
 
-    All or nothing: DIR must not exist or be empty; everything is made beside it and renamed into place
-    in one step. kvforge finds the project from the current directory (or $KVFORGE_ROOT) afterwards.
+    \b
+    CI installs kvforge from --install, else from the git remote this kvforge came from, else from a
+    wheel of this kvforge that init writes into ci/ (see `kvforge help init`).
+    All or nothing: DIR must not exist or be empty. A new DIR is made beside and renamed into place
+    in one step; an existing empty DIR (`.`) is written in place, never replaced. kvforge finds the
+    project from the current directory (or $KVFORGE_ROOT) afterwards.
     """
     from kvforge.ci import scaffold
 

@@ -10,7 +10,7 @@ import click
 from kvforge.core.cache import Cache
 from kvforge.project.platforms import DEVICES, JOB_KINDS, PLATFORMS
 from kvforge.cli.finish import finish, handle_errors
-from kvforge.cli.options import command, component_option, json_option, make_ctx, target_option, tree_options
+from kvforge.cli.options import command, component_option, json_option, make_ctx, target_option, tree_component, tree_options
 
 
 def _shard_value(_ctx, _param, value):
@@ -71,6 +71,7 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
     """
     from kvforge.wheels import build
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
     finish(build.build_command(ctx, out, mode, tests_mode, platform_name, wheel_path, shard, arch, device), as_json)

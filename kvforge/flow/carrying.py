@@ -210,7 +210,7 @@ def carrying_report(targets: list[Target], every: list[Target], cache: Cache,
     for name, (t, c) in newest_components(every).items():
         where = f"{c.release.version} ({t.name})"
         try:
-            say(f"newest release of {name}: {where}")
+            say(f"{name}: the newest release a target follows is {where}")
             newest[name] = (new_base_info(ensure_base(c, cache, "sdist", progress=progress), c), where)
         except KvforgeError as exc:
             newest[name] = (None, f"{where}: base unavailable: {str(exc).splitlines()[0]}")
@@ -273,7 +273,7 @@ def _evidence_of(t: Target, c: Component, digest: str, cache: Cache,
 
 # ---------------------------------------------------------------- rendering
 
-HEADERS = ("target", "patch", "fix-id", "status", "PR", "since", "releases", "Drop-When on newest", "evidence",
+HEADERS = ("target", "patch", "fix-id", "status", "PR", "since", "releases", "Drop-When on newest target", "evidence",
            "churn")
 
 
@@ -304,6 +304,10 @@ def markdown_table(headers, rows) -> str:
     return "\n".join(out)
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def render(rep: CarryingReport, fmt: str) -> str:
     render_table = markdown_table if fmt == "markdown" else table
     yocto, udd = _totals_rows(rep)
@@ -312,8 +316,9 @@ def render(rep: CarryingReport, fmt: str) -> str:
     head = "## Carrying cost\n\n" if fmt == "markdown" else ""
     sub = (lambda s: f"\n### {s}\n") if fmt == "markdown" else (lambda s: f"\n{s}:")
     out = [head + render_table(HEADERS, [_cells(r) for r in rep.rows]),
-           f"\n{t['patches']} patches ({t['fixes']} fixes) in {t['targets']} targets; newest release: {newest}; "
-           f"Drop-When met there: {t['drop_when_met']}; evidence current {t['evidence']['current']}, stale "
+           f"\n{_count(t['patches'], 'patch', 'patches')} ({_count(t['fixes'], 'fix', 'fixes')}) in "
+           f"{_count(t['targets'], 'target', 'targets')}; the newest release a target follows (per component): "
+           f"{newest}; Drop-When met on it: {t['drop_when_met']}; evidence current {t['evidence']['current']}, stale "
            f"{t['evidence']['stale']}, missing {t['evidence']['missing']}.",
            sub("By Upstream-Status (Yocto patchreview)"), render_table(["Upstream-Status", "patches"], yocto),
            sub("By forwarding (Debian UDD)"), render_table(["category", "patches"], udd)]

@@ -47,6 +47,7 @@ from kvforge.flow.rebase.onto import RELEASE_RE, Candidate, matching_release, re
 from kvforge.flow.rebase.retarget import complete_component, render_target, selection_comments
 from kvforge.flow.rebase.state import Digests, Plan, State, StopKind, Step, load, project_id, save, state_dir
 from kvforge.flow.rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
+from kvforge.ci.scaffold import CORE_TESTS, core_cpu_suites, first_selection_comment
 from kvforge.core.render import table
 from kvforge.proof.selection import scan_target
 from kvforge.project.targets import Component, Release, Target, display_path, load_all, load_target, parse_target, \
@@ -127,7 +128,8 @@ class TargetAddResult:
             if c.left_out:
                 out.append(f"{c.name}: left out: {c.left_out}")
                 continue
-            up = f", upstream commit {c.upstream_commit}" if c.upstream_commit else ""
+            up = (f", built from upstream commit {c.upstream_commit}" if c.upstream_commit
+                  else ", its sdist names no upstream commit")
             out.append(f"{c.name}: {c.package} {c.version} ({c.ref}{up}), sdist sha256 {(c.sha256 or '')[:12]}…, "
                        f"series {c.series} " + (f"from {c.from_series}" if c.from_series else "(empty: a first target)"))
             for w in c.wheels:
@@ -178,7 +180,7 @@ class AddState:
     target_text: str  # the planned target file (the from-target's selections): components, pins, series
     components: list[str]  # the new target's components, in order
     left_out: dict[str, str]  # component -> why it is not in the new target
-    upstream: dict[str, str]  # component -> upstream commit of its release
+    upstream: dict[str, str]  # component -> the upstream commit its release was built from ("": its sdist records none)
     done: list[str] = field(default_factory=list)  # components whose every patch is decided
     phase: str = "running"  # running | committing
     final_text: str = ""  # committing: the target file written
@@ -489,7 +491,7 @@ def _start_component(ctx_old: Context, ctx_new: Context, ta: AddState, dry_run: 
     comp = ctx_new.component
     ctx_new.say(f"{comp.name}: new base {comp.release.package} {comp.release.version} ({comp.ref})")
     new_base = ensure_base(comp, ctx_new.cache, "sdist", None, ctx_new.progress)
-    ta.upstream[comp.name] = new_base.upstream_commit or "unknown"
+    ta.upstream[comp.name] = new_base.upstream_commit or ""
     olds = old_commits(ctx_new, stack, old_base, new_base)
     sdir = state_dir(ctx_new)
     if sdir.exists():
@@ -545,9 +547,13 @@ def _drive(cache: Cache, ta: AddState, old: Target | None, new: Target, dry_run:
             ta.done.append(comp.name)
             _save(cache, ta)
             crashpoint("targetadd:component-done")
-    if old is None:  # a first target: its bases are imported for their upstream commit; nothing to rebase
+    if old is None:  # a first target: its bases are imported for their upstream commit and selection; no rebase
+        firsts = []
         for comp in new.components:
-            ta.upstream[comp.name] = ensure_base(comp, cache, "sdist", None, progress).upstream_commit or "unknown"
+            base = ensure_base(comp, cache, "sdist", None, progress)
+            ta.upstream[comp.name] = base.upstream_commit or ""
+            firsts.append(_first_selection(comp, base.repo, base.commit))
+        new = replace(new, components=tuple(firsts))
     t0 = time.monotonic()
     final, selections = _final_target(new, old, states)
     seconds["selections"] = round(time.monotonic() - t0, 3)
@@ -589,6 +595,14 @@ def _stopped(ta: AddState, new: Target, states: dict[str, State], st: State, sec
 # ---------------------------------------------------------------- selections on the new base
 
 
+def _first_selection(comp: Component, repo: Path, commit: str) -> Component:
+    """A first target's vLLM selections, as `kvforge init --release` writes them: CPU, vLLM's own CPU-marked core
+    suites of this base (kvforge.ci.scaffold.core_cpu_suites); CUDA, the core tests' directory."""
+    if comp.name != "vllm":
+        return comp
+    return replace(comp, tests={**comp.tests, "cpu": core_cpu_suites(repo, commit), "cuda": (CORE_TESTS.rstrip("/"),)})
+
+
 def _final_target(new: Target, old: Target | None, states: dict[str, State]) -> tuple[Target, dict[str, dict]]:
     """The new target with every component completed on its new base (kvforge.rebase.retarget.complete_component:
     selections checked, the CPU one rescanned), and what that did per component."""
@@ -613,7 +627,8 @@ def _header(ta: AddState) -> list[str]:
              f"({ta.started}): every component's"]
     lines += ["release pinned from the package index, its series rebased from the from-target's, its selections",
               "checked against the new base."] if ta.from_target else \
-        ["release pinned from the package index; the project had no target: an empty series and selection."]
+        ["release pinned from the package index; the project had no target: an empty series, and as CPU selection",
+         "vLLM's own CPU-marked core suites of the release (as `kvforge init --release` selects)."]
     for cname, why in ta.left_out.items():
         lines.append(f"{cname} is left out: {why}")
     return lines
@@ -633,6 +648,10 @@ def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State],
         if ta.phase != "committing":
             comments = {c.name: selection_comments(c, selections.get(c.name, {}), ta.from_target, ta.name,
                                                    ta.upstream.get(c.name)) for c in final.components}
+            if not ta.from_target:
+                for c in final.components:
+                    if c.tests.get("cpu"):
+                        comments[c.name]["cpu"] = first_selection_comment(tuple(c.tests["cpu"]))
             ta.final_text = render_target(final, root, _header(ta), comments)
         if tfile.exists():
             raise KvforgeError(f"{display_path(tfile)} appeared since the target add of {ta.name} started; nothing "

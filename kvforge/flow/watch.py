@@ -276,6 +276,14 @@ class WatchResult:
         return EXIT_NETWORK if EXIT_NETWORK in codes else EXIT_APPLY
 
     @property
+    def error_label(self) -> str:
+        """How the CLI names `error`: "attention" for new releases that need a person (a conflict, a disagreement,
+        a missing wheel: a normal result of watch), "error" when --apply stopped or the network failed."""
+        network = any(c.exit == EXIT_NETWORK for r in self.releases for c in r.checks if c.error)
+        stopped = any(a.state == "stopped" for a in self.applied or ())
+        return "error" if network or stopped else "attention"
+
+    @property
     def error(self) -> str | None:
         stopped = next((a for a in self.applied or () if a.state == "stopped"), None)
         if stopped is not None:
@@ -306,7 +314,8 @@ class WatchResult:
             return f"nothing new on {self.index}{since} for {watched or 'no maintained target'}"
         n_att = sum(1 for r in self.releases if r.status != "clean")
         what = "all clean" if not n_att else f"{n_att} need attention"
-        return f"{len(self.releases)} new releases on {self.index}{since}: {what} (watched: {watched})"
+        n = len(self.releases)
+        return f"{n} new release{'' if n == 1 else 's'} on {self.index}{since}: {what} (watched: {watched})"
 
     def text(self) -> str:
         out = [self._headline()]

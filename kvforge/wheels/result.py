@@ -100,7 +100,8 @@ def render(result: BuildResult) -> str:
         echo(result.command or "")  # click.echo(None) printed an empty line
         return "\n".join(lines)
     echo(f"{result.target}/{result.component}: base {result.base_ref} ({result.base[:12]}), series {result.series} "
-         f"({len(result.fix_ids)} patches: {', '.join(result.fix_ids) or 'none'})")
+         f"({len(result.fix_ids)} patch{'' if len(result.fix_ids) == 1 else 'es'}: "
+         f"{', '.join(result.fix_ids) or 'none'})")
     if result.device:
         echo(f"built for device {result.device} by {result.upstream.get('built_by')}: {result.upstream.get('filename')} "
              f"-> version {result.local_version}")
