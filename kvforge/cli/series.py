@@ -13,7 +13,7 @@ from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.cli.finish import finish, handle_errors, progress
 from kvforge.cli.options import (EVERY_COMPONENT, alias, command, complete_targets, component_option,
                                  component_option_for, from_option, group, json_option, make_ctx, repo_option,
-                                 source_option, target_option)
+                                 source_option, target_option, tree_component)
 
 
 @command("targets")
@@ -186,8 +186,7 @@ def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None,
 
 @command("audit")
 @target_option
-@click.option("--component", metavar="NAME",
-              help="Audit only this component's series [default: every component of the target].")
+@component_option_for(EVERY_COMPONENT)
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="How to print the change list.")
 @source_option
@@ -203,6 +202,7 @@ def audit_cmd(cache: Cache, target_name: str, component: str | None, fmt: str, s
     header does not acknowledge (`Acknowledges:`, see the patch format) exit 1, as `kvforge lint` does."""
     from kvforge.proof import audit
 
+    component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev)
     finish(audit.audit_command(ctx, "json" if as_json else fmt, component), as_json or fmt == "json")
 
