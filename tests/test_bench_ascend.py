@@ -160,3 +160,11 @@ def test_replay_options_are_checked(argv, said, capsys):
     with pytest.raises(SystemExit):
         ascend.main(argv)
     assert said in capsys.readouterr().err
+
+
+def test_bench_options_reach_every_replay_run():
+    assert pc.ascend_run_args(("--block-sizes", "32")) == ("--block-sizes", "32")
+    assert pc.ascend_run_args(("--block-sizes", "32", "--workloads", "shared-prefix"), (15000, 45000), 4096, True) == (
+        "--block-sizes", "32", "--workloads", "shared-prefix,seed", "--num-blocks", "15000,45000",
+        "--retention-interval", "4096")
+    assert pc.ascend_run_args(("--partial-hits",), seed_workload=True) == ("--partial-hits", "--workloads", "repeat,seed")
