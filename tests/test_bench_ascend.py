@@ -105,10 +105,15 @@ def test_partial_hits_reuse_the_shared_part_of_the_compressed_block(ascend_bench
     assert res["features"]["enable_partial_hash_hits"] and res["hit_alignment"] == 32
     assert all(r["copied_tokens"] == 4064 for r in res["requests"] if "=" in r["label"])
     # The second workload: a re-send shares a 4,096-8,191-token prefix; whole blocks reuse 4,096 of it.
+    # Partial hits keep the sliding windows every 1,024 tokens by default (0008's
+    # PARTIAL_HIT_RETENTION_TOKENS): the hit is the shared prefix down to a multiple of 1,024, never
+    # less than whole blocks' 4,096 (the ceiling counts every 32-token boundary).
     [shared] = [r for r in ascend_bench.rows if r["scenario"] == pc.ASCEND_SHARED]
     s = shared["partial-hits"]
-    assert s["admitted_hits"] == s["ceiling_hits"] > 0 and s["violations"] == 0
-    assert all(r["hit"] == r["ceiling"] >= 4096 for r in s["per_request"] if "=" in r["label"])
+    assert 0 < s["admitted_hits"] <= s["ceiling_hits"] and s["violations"] == 0
+    resent = [r for r in s["per_request"] if "=" in r["label"]]
+    assert resent and all(4096 <= r["hit"] <= r["ceiling"] < r["hit"] + 1024 and r["hit"] % 1024 == 0
+                          for r in resent)
     goals = {(g["scenario"], g["goal"]): g["ok"] for g in ascend_bench.goals}
     assert goals[(f"{row32['label']} [partial-hits]", "seed 001: >= 80% (reported 81.54%)")] is False  # 64 requests
     assert "partial-hits" in ascend_bench.render()
