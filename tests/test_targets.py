@@ -212,3 +212,45 @@ def test_lifecycle_defaults_to_maintained_and_takes_eol(tmp_path):
 def test_an_unknown_lifecycle_is_one_line(tmp_path):
     msg = parse_error(tmp_path, 'lifecycle = "retired"\n' + good())
     assert "lifecycle 'retired' must be \"maintained\" or \"eol\"" in msg
+
+
+ADDON = """
+[[components]]
+name = "addon"
+repo = "https://invalid.invalid/addon.git"
+ref = "r1"
+series = "patches/x"
+platforms = ["cpu"]
+requires = "vllm"
+
+[components.release]
+package = "addon"
+version = "0.0.1"
+
+[components.tests]
+requirements = ["scipy", "pandas>=2; python_version >= '3.10'"]
+cpu = ["tests"]
+"""
+
+
+def test_test_requirements_are_pep_508_lines_of_a_component_built_on_another(tmp_path):
+    path = make_project(tmp_path / "proj", text=good() + ADDON)
+    addon = parse_target(path, tmp_path / "proj").component("addon")
+    assert addon.requirements == ("scipy", "pandas>=2; python_version >= '3.10'")
+    assert "requirements" not in addon.tests
+    assert parse_target(path, tmp_path / "proj").component("vllm").requirements == ()
+    line = 'requirements = ["scipy", "pandas>=2; python_version >= \'3.10\'"]'
+    for new, expected in (('requirements = "scipy"', "tests.requirements must be a list of PEP 508"),
+                          ('requirements = ["scipy", 3]', "tests.requirements must be a list of PEP 508"),
+                          ('requirements = ["sci py!"]', "not a PEP 508 requirement"),
+                          ('requirements = ["scipy", "SciPy>=1"]', "names a project twice"),
+                          ('requirements = ["x @ https://invalid.invalid/x.whl"]', "not a URL")):
+        msg = parse_error(tmp_path / new.replace(" ", "_").replace("/", "_"), good() + ADDON.replace(line, new))
+        assert f"components[1].{expected}" in msg or expected in msg, msg
+    msg = parse_error(tmp_path / "norequires", good() + ADDON.replace('requires = "vllm"\n', ""))
+    assert "components[1].tests.requirements needs 'requires'" in msg, msg
+
+
+def test_the_real_target_gives_vllm_ascend_its_pure_python_requirements():
+    va = load_target("v0.20.2rc", INSTALL_ROOT).component("vllm-ascend")
+    assert set(va.requirements) == {"scipy", "numba", "pandas"}

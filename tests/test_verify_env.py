@@ -101,6 +101,72 @@ def test_unfinished_env_is_never_used_and_a_failed_build_leaves_nothing(tmp_path
     assert [p.name for p in cache.envs.iterdir() if p.name.startswith(f".{spec.key}.building")] == []
 
 
+def _probe_wheel(where: Path, name: str = "kvf_layer_probe", version: str = "1.0") -> Path:
+    """A pure-Python wheel holding one module `name` (pip installs it with no index)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    where.mkdir(parents=True, exist_ok=True)
+    wheel = where / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+              f"{len(text.encode())}" for path, text in files.items()] + [f"{info}/RECORD,,"]
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+def test_a_components_test_requirements_go_into_a_layer_keyed_by_env_and_list(tmp_path, monkeypatch):
+    from kvforge.env.common import Env
+    from kvforge.env.components import Layer
+
+    links = tmp_path / "links"
+    _probe_wheel(links)
+    _probe_wheel(links, "kvf_layer_other")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    cache = Cache(tmp_path / "cache")
+    env = Env(path=tmp_path, python=Path(sys.executable), key="env-a", hf_home=tmp_path / "hf")
+    site = kvenv.layer_requirements(env, ["kvf_layer_probe"], cache)
+    assert (site / "kvf_layer_probe" / "__init__.py").is_file() and (site / kvenv.LAYER_MARKER).is_file()
+    assert site.parent == cache.envs and not [p for p in cache.envs.iterdir() if ".building-" in p.name]
+    out = subprocess.run([sys.executable, "-c", "import kvf_layer_probe as m; print(m.__file__)"],
+                         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith(str(site))
+
+    def no_pip(*a, **k):
+        raise AssertionError("a built layer is reused, pip is not run again")
+
+    monkeypatch.setattr(kvenv, "run_logged", no_pip)
+    assert kvenv.layer_requirements(env, ["kvf_layer_probe"], cache) == site
+    monkeypatch.undo()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    # Another list, or the same list on another environment, is another layer.
+    other = kvenv.layer_requirements(env, ["kvf_layer_probe", "kvf_layer_other"], cache)
+    assert other != site and (other / "kvf_layer_other").is_dir()
+    env_b = Env(path=tmp_path, python=Path(sys.executable), key="env-b", hf_home=tmp_path / "hf")
+    assert kvenv.layer_key(env_b, ["kvf_layer_probe"]) != kvenv.layer_key(env, ["kvf_layer_probe"])
+    # A requirement pip cannot satisfy fails in one line and leaves no layer behind.
+    before = sorted(p.name for p in cache.envs.iterdir())
+    with pytest.raises(KvforgeError) as exc:
+        kvenv.layer_requirements(env, ["kvf_no_such_project"], cache)
+    assert exc.value.exit_code == EXIT_ENV
+    assert sorted(p.name for p in cache.envs.iterdir() if p.name.startswith("layer-") and p.is_dir()) == \
+        sorted(n for n in before if n.startswith("layer-") and (cache.envs / n).is_dir())
+    # The Layer puts the site on the path after the required tree's packages.
+    lay = Layer("vllm", "patched", "c" * 40, "d", tmp_path / "tree", ["vllm"], requirements=["kvf_layer_probe"],
+                site=site)
+    assert lay.pythonpath() == [str(tmp_path / "tree"), str(site)]
+    assert lay.to_json()["site"] == str(site) and lay.to_json()["requirements"] == ["kvf_layer_probe"]
+
+
 def test_find_links_source_takes_a_local_cpu_wheel_for_this_python(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.delenv("KVFORGE_TORCH_WHEEL", raising=False)

@@ -423,13 +423,20 @@ def run_replay(python: Path, environ: dict[str, str], tree: Path, runs: list[tup
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_SCALE, seed: int = 0) -> BenchResult:
-    """Replay the scenarios on ctx's base and patched trees (series files or --from); aggregate."""
+def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_SCALE, seed: int = 0,
+                       num_blocks: tuple[int, ...] = (), retention_interval: int | None = None,
+                       seed_workload: bool = False) -> BenchResult:
+    """Replay the scenarios on ctx's base and patched trees (series files or --from); aggregate.
+    num_blocks, retention_interval and seed_workload are vllm-ascend's (bench_ascend); the vLLM
+    component refuses them."""
     say, target, cache = ctx.progress, ctx.target, ctx.cache
     if not scale > 0:
         raise KvforgeError(f"--scale must be > 0 (got {scale})", EXIT_USAGE)
     if ctx.component.name == "vllm-ascend":  # seed 001 through vllm-ascend's coordinator (below)
-        return bench_ascend(ctx, scenario_spec, scale, seed)
+        return bench_ascend(ctx, scenario_spec, scale, seed, num_blocks, retention_interval, seed_workload)
+    if num_blocks or retention_interval is not None or seed_workload:
+        raise KvforgeError("the pool size, retention interval and seed workload options are vllm-ascend's "
+                           "(--component vllm-ascend)", EXIT_USAGE)
     runs = parse_scenarios(scenario_spec)
     start = time.monotonic()
     comp = ctx.component
@@ -510,10 +517,31 @@ def ascend_environ(env, comp, vllm_tree: Path) -> dict[str, str]:
     return environ
 
 
-def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int) -> BenchResult:
+def ascend_run_args(args: tuple[str, ...], num_blocks: tuple[int, ...] = (), retention_interval: int | None = None,
+                    seed_workload: bool = False) -> tuple[str, ...]:
+    """One replay run's arguments with the bench's options: --num-blocks (pool sizes, one run each;
+    none: unbounded), --retention-interval, and the seed's own workload beside the run's."""
+    out = list(args)
+    if seed_workload:
+        if "--workloads" in out:
+            i = out.index("--workloads") + 1
+            out[i] = ",".join(dict.fromkeys([*out[i].split(","), "seed"]))
+        else:
+            out += ["--workloads", "repeat,seed"]
+    if num_blocks:
+        out += ["--num-blocks", ",".join(str(n) for n in num_blocks)]
+    if retention_interval is not None:
+        out += ["--retention-interval", str(retention_interval)]
+    return tuple(out)
+
+
+def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int, num_blocks: tuple[int, ...] = (),
+                 retention_interval: int | None = None, seed_workload: bool = False) -> BenchResult:
     """Seed 001 per --block-size on the base (vllm-ascend and vLLM release trees) and the patched
     trees (both series); vLLM's scheduler with vllm-ascend's coordinator, managers and DeepSeek-V4
-    specs (replay/ascend.py)."""
+    specs (replay/ascend.py). num_blocks bounds the pool (one run per size; () unbounded, the
+    default), retention_interval sets prefix_cache_retention_interval (None: unset), seed_workload
+    adds the seed's own run (32 requests, one wave, 90% shared) to every state's runs."""
     say = ctx.progress
     if scenario_spec not in ("all", ASCEND_SCENARIO):
         raise KvforgeError(f"--scenario: vllm-ascend has one scenario, {ASCEND_SCENARIO} (got {scenario_spec})",
@@ -544,7 +572,9 @@ def bench_ascend(ctx, scenario_spec: str, scale: float, seed: int) -> BenchResul
             for i, args in enumerate(runs):
                 out = outdir / f"{state}{'-' + str(i) if i else ''}.json"
                 part = run_replay(env.python, ascend_environ(env, comp, vstack.worktree), astack.worktree, [], scale,
-                                  seed, out, state, say, mode=["ascend", *args])
+                                  seed, out, state, say,
+                                  mode=["ascend", *ascend_run_args(args, num_blocks, retention_interval,
+                                                                   seed_workload)])
                 doc = part if not doc else {**doc, "results": doc["results"] + part["results"],
                                             "errors": doc["errors"] + part["errors"]}
                 result.files.append(str(out))

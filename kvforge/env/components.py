@@ -14,6 +14,10 @@ of the same target: that is what a user of both series runs. On CPU its test env
 - the stand-ins the component declares (`[components.tests] standins`), shipped with kvforge in
   kvforge/data/standins/<module>/, loaded by a finder that answers for exactly those names
   (standins/_loader/sitecustomize.py) and raise when the code under test uses them;
+- the PyPI requirements the component's CPU tests import and the required component's environment
+  lacks (`[components.tests] requirements`, e.g. vllm-ascend's scipy, numba and pandas), installed by
+  kvforge/env/venv.py into a directory of their own (`Layer.site`), keyed by that environment and the
+  list, so a changed list gives a new one;
 - VLLM_PLUGINS=kvforge_cpu: the tree's own entry points (vllm_ascend.egg-info in the sdist)
   register its NPU platform, which would otherwise compete with kvforge's CPU platform plugin.
 
@@ -74,13 +78,17 @@ class Layer:
     packages: list[str]
     standins: list[StandIn] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
+    requirements: list[str] = field(default_factory=list)  # [components.tests] requirements
+    site: Path | None = None  # where they are installed (kvforge/env/venv.py); None while there are none
 
     def pythonpath(self) -> list[str]:
-        return [str(self.path)] + ([str(LOADER)] if self.standins else [])
+        return ([str(self.path)] + ([str(self.site)] if self.site else [])
+                + ([str(LOADER)] if self.standins else []))
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["path"] = str(self.path)
+        data["site"] = str(self.site) if self.site else None
         data["standins"] = [s.to_json() for s in self.standins]
         return data
 
@@ -89,6 +97,9 @@ def describe_layer(data: dict) -> str:
     """Layer.to_json() for people (test and verify output): what the tests ran on, and every stand-in."""
     lines = [f"built on {data['requires']} {data['state']} ({data['commit'][:12]}, series {data['series']}): "
              f"its {', '.join(p + '/' for p in data['packages'])} on the path"]
+    if data.get("requirements"):
+        lines.append(f"with the component's test requirements {', '.join(data['requirements'])} "
+                     f"({data.get('site')})")
     if data["standins"]:
         lines.append(f"stood in for ({len(data['standins'])} declared modules; they raise if the code under test "
                      "uses them):")
@@ -131,7 +142,8 @@ def layer(ctx) -> Layer:
     environ = {"VLLM_PLUGINS": CPU_PLUGIN}
     if stand:
         environ.update(KVFORGE_STANDINS=",".join(s.module for s in stand), KVFORGE_STANDINS_DIR=str(STANDINS_DIR))
-    return Layer(dep.component.name, "patched", commit, digest, path, names, stand, environ)
+    return Layer(dep.component.name, "patched", commit, digest, path, names, stand, environ,
+                 requirements=list(comp.requirements))
 
 
 def _patched_commit(dep) -> tuple[str, str, Path]:

@@ -19,6 +19,13 @@ A venv kvforge builds (cpu platform, the default), under `<cache>/envs/<key>`, h
 Or the user's own interpreter (`--python` / `$KVFORGE_PYTHON`; required for cuda and npu), with what it
 lacks of the same set in an overlay in the cache, never installed into it (kvforge/env/userenv.py).
 
+A component built on another (vllm-ascend on vllm) adds, on cpu, the PyPI requirements its tests
+import and the required environment lacks (`[components.tests] requirements`): `pip install --target`
+by that environment's interpreter into `<cache>/envs/layer-<hash>`, with every package the environment
+already has pinned to its version (constraints), keyed by the environment's key and the list
+(`layer_requirements`), and put on PYTHONPATH by the Layer. The environment's key names the layer, so
+records keyed by it (baselines) follow a changed list.
+
 Beside both, an offline Hugging Face cache holding the config.json files some tests read
 (kvforge/data/hf-configs). Built environments are keyed by a hash of everything that goes into them
 (EnvSpec.key: Python, torch version, requirements, recipe, plugin), so targets whose requirements
@@ -51,13 +58,14 @@ from kvforge.core.cache import Cache
 from kvforge.env.components import layer
 from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import file_lock
-from kvforge.env.common import (DATA, PLUGIN_ENTRY_POINT, TEST_TOOLS, XGRAMMAR_FFI, Env, EnvSpec, build_plugin_wheel,
+from kvforge.env.common import (DATA, PLUGIN_ENTRY_POINT, RECIPE, TEST_TOOLS, XGRAMMAR_FFI, Env, EnvSpec, build_plugin_wheel,
                       ensure_hf_home, run_logged)
 from kvforge.core.outcome import Done
 from kvforge.env.torchsource import Progress, canonical, install_torch, torch_sources
 from kvforge.env.userenv import user_env
 
 MARKER = "kvforge-env.json"
+LAYER_MARKER = "kvforge-layer.json"
 TORCH = os.environ.get("KVFORGE_TORCH_VERSION", "2.13.0")
 
 # Distributions vLLM's scheduler side and its CPU unit tests import, by canonical name. Each gets
@@ -267,7 +275,12 @@ def target_env(ctx, rebuild: bool = False, base=None, platform: str = "cpu") -> 
         if platform == "cpu":
             env.layer = layer(ctx)
             # The key names what the tests ran with: records keyed by it (baselines) follow the required tree.
-            env.key = f"{env.key}-on-{env.layer.requires}-{env.layer.commit[:12]}"
+            key = f"{env.key}-on-{env.layer.requires}-{env.layer.commit[:12]}"
+            if env.layer.requirements:
+                env.layer.site = layer_requirements(env, env.layer.requirements, ctx.cache, ctx.progress,
+                                                    rebuild)
+                key += f"-with-{env.layer.site.name.removeprefix('layer-')}"
+            env.key = key
         return env
     plat = platforms_mod.get(platform)
     python = getattr(ctx, "python", None)
@@ -282,6 +295,57 @@ def target_env(ctx, rebuild: bool = False, base=None, platform: str = "cpu") -> 
     if python is not None:
         return user_env(Path(python), spec, ctx.cache, platform, rebuild, ctx.progress)
     return ensure_env(spec, ctx.cache, rebuild, ctx.progress, torch_index=getattr(ctx, "torch_index", None))
+
+
+def layer_key(env: Env, requirements: list[str]) -> str:
+    """The hash naming a requirements layer: the environment it sits on and the list, in order."""
+    payload = {"recipe": RECIPE, "env": env.key, "python": str(env.python), "requirements": list(requirements)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def layer_requirements(env: Env, requirements: list[str], cache: Cache, progress: Progress | None = None,
+                       rebuild: bool = False) -> Path:
+    """`<cache>/envs/layer-<hash>`: `requirements` installed for env's interpreter, never into it.
+
+    `pip install --target` by env's python, with every distribution env already has pinned to its
+    version (a constraints file), so a dependency pip installs again (numpy) is the same version and
+    torch is never replaced. Built in a temporary directory with its marker (LAYER_MARKER) and renamed
+    into place: a directory of that name is always complete. Reused while the marker is there."""
+    say = progress or (lambda _m: None)
+    h = layer_key(env, requirements)
+    final = cache.envs / f"layer-{h}"
+    cache.envs.mkdir(parents=True, exist_ok=True)
+    with file_lock(cache.envs / f".layer-{h}.lock", say, f"requirements layer {h}"):
+        if rebuild and final.exists():
+            say(f"removing requirements layer {final.name} (--rebuild)")
+            shutil.rmtree(final)
+        if (final / LAYER_MARKER).is_file():
+            return final
+        shutil.rmtree(final, ignore_errors=True)
+        start = time.monotonic()
+        tmp = cache.envs / f".layer-{h}.building-{os.getpid()}"
+        log = cache.envs / f"layer-{h}.build.log"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        log.write_text("", encoding="utf-8")
+        say(f"installing the component's test requirements {', '.join(requirements)} into {final} (log: {log})")
+        try:
+            constraints = tmp / "kvforge-constraints.txt"
+            constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(env.packages.items())), encoding="utf-8")
+            reqs = tmp / "kvforge-requirements.txt"
+            reqs.write_text("\n".join(requirements) + "\n", encoding="utf-8")
+            run_logged([str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                        "--progress-bar", "off", "--target", str(tmp), "-c", str(constraints), "-r", str(reqs)],
+                       log, f"pip install --target {final.name}")
+            info = {"key": h, "env": env.key, "requirements": list(requirements),
+                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.monotonic() - start, 1)}
+            (tmp / LAYER_MARKER).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    say(f"requirements layer {final.name} built in {time.monotonic() - start:.0f}s")
+    return final
 
 
 def external_env(python: Path, cache: Cache, progress: Progress | None = None, platform: str = "cpu") -> Env:

@@ -5,7 +5,9 @@ vllm-ascend), each with its own upstream, offline release source, series, platfo
 A component may build on an earlier component of the same target (`requires = "vllm"`): its
 series is applied after that one's, and its tests run with that component's patched tree
 importable (kvforge/env/components.py). `[components.tests] standins` names the modules its CPU
-tests may replace with kvforge's declared stand-ins (kvforge/data/standins).
+tests may replace with kvforge's declared stand-ins (kvforge/data/standins); `[components.tests]
+requirements` names the PyPI requirements its CPU tests import that the required component's
+environment lacks (installed into the component's environment layer, kvforge/env/venv.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
@@ -63,6 +66,7 @@ class Component:
     wheels: "tuple[WheelPin, ...]" = ()  # [[components.wheels]]: the release wheels `kvforge build` overlays
     requires: str | None = None  # an earlier component whose patched tree this one's tests import
     standins: tuple[str, ...] = ()  # [components.tests] standins: modules its CPU tests may stand in for
+    requirements: tuple[str, ...] = ()  # [components.tests] requirements: PEP 508 lines its CPU tests add
 
     def wheel_for(self, arch: str) -> "WheelPin | None":
         """The first pinned release wheel for a machine architecture (x86_64, aarch64), or None."""
@@ -317,6 +321,7 @@ def parse_target(path: Path, root: Path) -> Target:
             raise fail(f"{where}.tests.standins must be a list of Python module names (e.g. \"torch_npu\")")
         if len(set(standins)) != len(standins):
             raise fail(f"{where}.tests.standins lists a module twice")
+        requirements = _test_requirements(tests.pop("requirements", []), f"{where}.tests.requirements", fail)
         requires = optional(c, "requires", where, pattern=SLUG_RE.match, what="a component name")
         if requires is not None and requires not in seen - {cname}:
             raise fail(f"{where}.requires {requires!r} must name an earlier component of this target "
@@ -330,6 +335,9 @@ def parse_target(path: Path, root: Path) -> Target:
         if standins and requires is None:
             raise fail(f"{where}.tests.standins needs 'requires': stand-ins are for a component tested on "
                        "another one's tree")
+        if requirements and requires is None:
+            raise fail(f"{where}.tests.requirements needs 'requires': they are installed into the environment "
+                       "layer of a component tested on another one's tree")
         for p, sel in tests.items():
             if p not in platforms:
                 raise fail(f"{where}.tests.{p} names a platform the component is not tested on")
@@ -352,9 +360,27 @@ def parse_target(path: Path, root: Path) -> Target:
             Component(name=cname, repo=repo, ref=ref, release=release, series_dir=series_dir, platforms=platforms,
                       tests={p: tuple(sel) for p, sel in tests.items()}, in_base=tuple(in_base),
                       wheels=parse_wheel_pins(c, where, release, fail),
-                      requires=requires, standins=tuple(standins))
+                      requires=requires, standins=tuple(standins), requirements=requirements)
         )
     return Target(name=name, description=description, path=path, components=tuple(components), lifecycle=lifecycle)
+
+
+def _test_requirements(value, where: str, fail) -> tuple[str, ...]:
+    """`[components.tests] requirements`: PEP 508 requirement strings, each project named once."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise fail(f"{where} must be a list of PEP 508 requirements (e.g. \"scipy\", \"pandas>=2\")")
+    names = []
+    for line in value:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise fail(f"{where} has {line!r}, not a PEP 508 requirement: {str(exc).splitlines()[0]}") from None
+        if req.url:
+            raise fail(f"{where} has {line!r}: a requirement names a PyPI project, not a URL")
+        names.append(canonicalize_name(req.name))
+    if len(set(names)) != len(names):
+        raise fail(f"{where} names a project twice")
+    return tuple(value)
 
 
 def _toml_type(value) -> str:

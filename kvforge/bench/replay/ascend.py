@@ -3,7 +3,8 @@ coordinator and managers. Needs vLLM and vllm_ascend.
 
     cd <vllm-ascend tree> && PYTHONPATH=<vLLM tree>[:stand-ins] \\
         python <kvforge>/bench/replay ascend [--block-sizes 128,64,32] [--workloads repeat,shared-prefix]
-            [--partial-hits] [--scale F] [--seed N] [--out FILE]
+            [--partial-hits] [--num-blocks N[,N...]] [--retention-interval T] [--scale F] [--seed N]
+            [--out FILE]
 
 cwd is a vllm-ascend tree (base or patched), the vLLM tree comes from PYTHONPATH. With
 VLLM_ASCEND_APPLY_DSV4_PATCH=1 (set here), importing vllm_ascend.patch.platform installs Ascend's
@@ -23,7 +24,12 @@ records the tokens of its hit that the worker copies (the partial tail, largest 
 compressed groups) and the tokens it recomputes. Writes the replay document (cli.py's schema): one
 result per workload and block size, labelled scenario "ascend-dsv4-repeat" or
 "ascend-dsv4-shared-prefix", variant "bs<N>" ("bs<N>+partial" with --partial-hits); a run that
-raises is an error entry.
+raises is an error entry. The third workload (seed) is seed 001's own run: 32 requests in one wave
+sharing the first 90% of their 8,192-token prompts. --num-blocks bounds the pool (one run per size;
+0, the default, is unbounded) and --retention-interval sets CacheConfig's
+prefix_cache_retention_interval; each result's "pool" counts the blocks cached per request, the
+evictions and the peak use, and with --partial-hits the document's "copy_cost" times the worker's
+copy on CPU tensors of each compressed group's layout.
 """
 
 from __future__ import annotations
@@ -45,10 +51,13 @@ from .compat import Features, kw
 from .driver import SCHEMA
 
 SCENARIO = "ascend-dsv4-repeat"
-SCENARIOS = {"repeat": SCENARIO, "shared-prefix": "ascend-dsv4-shared-prefix"}
+SCENARIOS = {"repeat": SCENARIO, "shared-prefix": "ascend-dsv4-shared-prefix", "seed": "ascend-dsv4-seed"}
 PARTIAL_HITS_ENV = "VLLM_ASCEND_ENABLE_PARTIAL_HASH_HITS"
 BLOCK_SIZES = (128, 64, 32)
 PROMPT_TOKENS = 8192  # not scaled: the prompt against the hit granularity is the bug
+# Seed 001's own run (vllm-ascend #10193): QPS x E2E = 0.6023 x 53.13 = 32 requests, one wave of
+# concurrency 32, repeat ratio 0.9: each prompt shares its first 90% with the others.
+SEED_REQUESTS, SEED_SHARED = 32, round(0.9 * PROMPT_TOKENS)
 # DeepSeek-V4-Flash: head_dim 512, indexer head_dim 128 (int8 + fp16 scale), sliding window 128.
 HEAD_DIM, INDEX_HEAD_DIM, WINDOW = 512, 128, 128
 
@@ -61,6 +70,8 @@ def workload(scale: float, seed: int, kind: str = "repeat") -> dict:
     The request count and output length scale; the prompt length does not."""
     rng = random.Random(f"{SCENARIOS[kind]}:{seed}")
     conc = 32
+    if kind == "seed":
+        return seed_workload(rng, scale)
     n = max(64, round(512 * scale))
     out_len = max(8, round(1024 * scale))
     repeat_at = set(rng.sample(range(conc, n), min(round(0.9 * n), n - conc)))
@@ -89,6 +100,24 @@ def workload(scale: float, seed: int, kind: str = "repeat") -> dict:
     what = "re-sends of a 4,096-8,191-token prefix" if kind == "shared-prefix" else "re-sends"
     notes = [f"{n} requests of {PROMPT_TOKENS} prompt tokens, {len(prompts)} distinct prompts, "
              f"{n - len(prompts)} {what}; {out_len} output tokens; concurrency {conc}"]
+    return dict(config=cfg, requests=reqs, notes=notes)
+
+
+def seed_workload(rng: random.Random, scale: float) -> dict:
+    """Seed 001's own run: 32 requests in one wave (concurrency 32), each prompt of 8,192 tokens whose
+    first 7,373 (90%) are the same for all, then its own; 1,024 x scale output tokens. Not scaled in
+    count: the seed ran 32."""
+    out_len = max(8, round(1024 * scale))
+    shared = [rng.randrange(1000, 100_000) for _ in range(SEED_SHARED)]
+    reqs: list[dict[str, Any]] = []
+    for i in range(SEED_REQUESTS):
+        own = [rng.randrange(1000, 100_000) for _ in range(PROMPT_TOKENS - SEED_SHARED)]
+        reqs.append(dict(id=f"{i:04d}-s{i}", label=f"s{i}", prompt=shared + own, after=None,
+                         output=[rng.randrange(1000, 100_000) for _ in range(out_len)]))
+    cfg = dict(num_blocks=0, max_num_batched_tokens=8192, max_num_seqs=256, concurrency=SEED_REQUESTS,
+               max_model_len=32_768, spec=None)
+    notes = [f"{SEED_REQUESTS} requests in one wave of {PROMPT_TOKENS} prompt tokens sharing the first "
+             f"{SEED_SHARED}; {out_len} output tokens; concurrency {SEED_REQUESTS}"]
     return dict(config=cfg, requests=reqs, notes=notes)
 
 
@@ -206,7 +235,12 @@ def build(specs: list[tuple[str, Any]], wl: dict, feats: Features):
         max_model_len=cfg["max_model_len"], enable_chunked_prefill=True, async_scheduling=False,
         is_encoder_decoder=False))
     cache_config = vcfg.CacheConfig(**kw(vcfg.CacheConfig, block_size=16, gpu_memory_utilization=0.9,
-                                         cache_dtype="auto", enable_prefix_caching=True))
+                                         cache_dtype="auto", enable_prefix_caching=True,
+                                         prefix_cache_retention_interval=cfg.get("retention_interval")))
+    if cfg.get("retention_interval") is not None and \
+            getattr(cache_config, "prefix_cache_retention_interval", None) != cfg["retention_interval"]:
+        raise RuntimeError("--retention-interval: this vLLM tree has no prefix_cache_retention_interval "
+                           "(needs swa-retention-queue-split)")
     vllm_config = vcfg.VllmConfig(**kw(vcfg.VllmConfig, model_config=model_config, cache_config=cache_config,
                                        scheduler_config=scheduler_config, parallel_config=vcfg.ParallelConfig()))
     groups = [kvi.KVCacheGroupSpec([f"model.layers.{i}.{name}"], spec) for i, (name, spec) in enumerate(specs)]
@@ -262,19 +296,55 @@ def record_copies(scheduler, copied: dict[str, int]) -> None:
         manager.add_local_computed_blocks = wrapped
 
 
-def run(requested: int, scale: float, seed: int, kind: str = "repeat", partial: bool = False) -> dict:
-    """One block size: the tree's geometry, then the workload through the scheduler (driver.run_one)."""
+def count_pool(scheduler, pool: dict) -> None:
+    """Count in `pool` what the block pool does: blocks entering the prefix cache (`cached`),
+    cached blocks evicted to be handed out again (`evictions`), and the most blocks in use at once
+    after a step's schedule (`peak_used`). Wraps the pool's own methods; changes nothing."""
+    bp = scheduler.kv_cache_manager.block_pool
+    pool.update(cached=0, evictions=0, peak_used=0)
+    index = bp.cached_block_hash_to_block
+    insert, evict, schedule = index.insert, bp._maybe_evict_cached_block, scheduler.schedule
+
+    def counted_insert(key, block, _insert=insert):
+        pool["cached"] += 1
+        return _insert(key, block)
+
+    def counted_evict(block, _evict=evict):
+        evicted = _evict(block)
+        pool["evictions"] += bool(evicted)
+        return evicted
+
+    def counted_schedule(*a, _schedule=schedule, **k):
+        out = _schedule(*a, **k)
+        pool["peak_used"] = max(pool["peak_used"], bp.num_gpu_blocks - bp.get_num_free_blocks())
+        return out
+
+    index.insert, bp._maybe_evict_cached_block, scheduler.schedule = counted_insert, counted_evict, counted_schedule
+
+
+def unbounded_pool(wl: dict) -> int:
+    """A pool no run can fill: every block any request allocates in any group, plus 1,024."""
+    return 1024 + sum(
+        sum(-(-(len(r["prompt"]) + len(r["output"])) // g["tokens_per_block"]) + 1 for g in wl["groups"])
+        for r in wl["requests"])
+
+
+def run(requested: int, scale: float, seed: int, kind: str = "repeat", partial: bool = False,
+        num_blocks: int = 0, retention_interval: int | None = None) -> dict:
+    """One block size: the tree's geometry, then the workload through the scheduler (driver.run_one).
+
+    num_blocks 0 (the default): an unbounded pool, as the ceiling assumes; else a pool of that many
+    blocks shared by every group, as on a device. retention_interval: CacheConfig's
+    prefix_cache_retention_interval (None: unset)."""
     feats = Features()
     effective, specs = dsv4_specs(requested, feats)
     align = hit_alignment(specs, partial)
     wl = workload(scale, seed, kind)
     wl["groups"] = [group_record(name, spec) for name, spec in specs]
-    # An unbounded pool, as the ceiling assumes: every block the run allocates in any group stays
-    # cached (the 2-token compressor-state blocks alone cycle a bug report's 54,774-block pool many
-    # times per 8K prompt; that eviction churn is seed 000's bug, not this one).
-    wl["config"]["num_blocks"] = 1024 + sum(
-        sum(-(-(len(r["prompt"]) + len(r["output"])) // g["tokens_per_block"]) + 1 for g in wl["groups"])
-        for r in wl["requests"])
+    wl["config"]["num_blocks"] = num_blocks or unbounded_pool(wl)
+    wl["config"]["bounded"] = bool(num_blocks)
+    wl["config"]["retention_interval"] = retention_interval
+    pool: dict[str, int] = {}
     # driver.run_one builds the scheduler with scheduler.build (group dicts -> vLLM's specs) and sizes
     # the ceiling with topologies.hit_alignment; here both come from the tree's own specs.
     saved = driver.build, driver.hit_alignment
@@ -291,16 +361,24 @@ def run(requested: int, scale: float, seed: int, kind: str = "repeat", partial: 
             raise RuntimeError(f"{PARTIAL_HITS_ENV}=1 but this vllm-ascend tree's coordinator has no partial "
                                "hits (needs ascend-dsv4-partial-hash-hits)")
         record_copies(built[0], copied)
+        count_pool(built[0], pool)
         return built
 
     def tree_alignment(groups: list[dict]) -> int:  # topologies.hit_alignment's signature
         return align
 
     driver.build, driver.hit_alignment = tree_build, tree_alignment
+    variant = f"bs{requested}" + ("+partial" if partial else "") + (
+        f"+retention{retention_interval}" if retention_interval is not None else "") + (
+        f"@{num_blocks}" if num_blocks else "")
     try:
-        res = driver.run_one(wl, SCENARIOS[kind], f"bs{requested}" + ("+partial" if partial else ""), scale, seed)
+        res = driver.run_one(wl, SCENARIOS[kind], variant, scale, seed)
     finally:
         driver.build, driver.hit_alignment = saved
+    n = len(res["requests"])
+    res["pool"] = dict(pool, num_blocks=wl["config"]["num_blocks"], bounded=bool(num_blocks),
+                       cached_per_request=round(pool.get("cached", 0) / n, 1) if n else 0.0,
+                       step_ms=round(1000 * res["seconds"]["replay"] / max(res["steps"], 1), 3))
     for row in res["requests"]:
         row["copied_tokens"] = copied.get(row["id"], 0)
         row["recomputed_tokens"] = row["prompt_tokens"] - row["hit_tokens"]
@@ -316,6 +394,41 @@ def run(requested: int, scale: float, seed: int, kind: str = "repeat", partial: 
     return res
 
 
+def copy_cost(specs: list[tuple[str, Any]], num_blocks: int = 256, copies: int = 32, repeats: int = 20) -> dict:
+    """The worker's copy (vllm_ascend/worker/kv_cache_block_copy.py) timed on CPU tensors of each
+    compressed group's real layout: the spec's dtype and head size in views whose block stride is the
+    spec's padded page, as NPUModelRunner._adjust_kv_layout makes them. `copies` blocks of half a
+    block's entries each, one call per layer: microseconds per layer and per block copied (median of
+    `repeats`). {} on a tree without partial hits."""
+    import torch
+
+    try:
+        from vllm_ascend.core.partial_prefix_cache import KVCacheBlockCopy
+        from vllm_ascend.worker.kv_cache_block_copy import copy_kv_cache_blocks
+    except ImportError:
+        return {}
+    out: dict[str, Any] = {}
+    for name, spec in specs:
+        if max(getattr(spec, "compress_ratio", 1) or 1, 1) == 1:
+            continue
+        dtype = spec.dtype if isinstance(spec.dtype, torch.dtype) else torch.bfloat16
+        esize = torch.empty((), dtype=dtype).element_size()
+        shape = (num_blocks, spec.block_size, 1, spec.head_size)
+        raw = torch.zeros(num_blocks * spec.page_size_bytes, dtype=torch.uint8)
+        view = torch.as_strided(raw.view(dtype), shape,
+                                (spec.page_size_bytes // esize, *torch.empty(shape).stride()[1:]))
+        batch = [KVCacheBlockCopy(0, i, copies + i, spec.block_size // 2) for i in range(copies)]
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            copy_kv_cache_blocks({0: [view]}, batch)
+            times.append(time.perf_counter() - t)
+        call = sorted(times)[len(times) // 2]
+        out[name] = dict(page_bytes=spec.page_size_bytes, entries=spec.block_size // 2, blocks=copies,
+                         us_per_layer_call=round(call * 1e6, 1), us_per_layer_block=round(call * 1e6 / copies, 2))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)))
@@ -323,8 +436,20 @@ def main(argv=None) -> int:
     ap.add_argument("--partial-hits", action="store_true", help=f"run with {PARTIAL_HITS_ENV}=1")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-blocks", default="0",
+                    help="comma-separated pool sizes in blocks, one run each; 0: unbounded (default)")
+    ap.add_argument("--retention-interval", type=int, default=None,
+                    help="CacheConfig.prefix_cache_retention_interval in tokens (default: unset)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    try:
+        pools = [int(x) for x in args.num_blocks.split(",") if x.strip()]
+    except ValueError:
+        ap.error("--num-blocks: comma-separated integers")
+    if not pools or any(p < 0 for p in pools):
+        ap.error("--num-blocks: block counts >= 0 (0: unbounded)")
+    if args.retention_interval is not None and args.retention_interval < 0:
+        ap.error("--retention-interval must be >= 0")
     try:
         sizes = [int(x) for x in args.block_sizes.split(",") if x.strip()]
     except ValueError:
@@ -344,11 +469,17 @@ def main(argv=None) -> int:
     doc = dict(schema=SCHEMA, cwd=os.getcwd(), scale=args.scale, seed=args.seed, results=[], errors=[])
     t0 = time.perf_counter()
     try:
-        suffix = "+partial" if args.partial_hits else ""
+        suffix = ("+partial" if args.partial_hits else "") + (
+            f"+retention{args.retention_interval}" if args.retention_interval is not None else "")
         for kind in kinds:
             for bs in sizes:
-                run_case(doc, SCENARIOS[kind], f"bs{bs}{suffix}",
-                         lambda: run(bs, args.scale, args.seed, kind, args.partial_hits))
+                for blocks in pools:
+                    run_case(doc, SCENARIOS[kind], f"bs{bs}{suffix}" + (f"@{blocks}" if blocks else ""),
+                             lambda: run(bs, args.scale, args.seed, kind, args.partial_hits, blocks,
+                                         args.retention_interval))
+        if args.partial_hits:
+            for bs in sizes:
+                doc.setdefault("copy_cost", {})[f"bs{bs}"] = copy_cost(dsv4_specs(bs, Features())[1])
     finally:
         sys.stdout = real_stdout
     return write_doc(doc, args.out, real_stdout, t0)
