@@ -173,3 +173,17 @@ def test_bench_options_reach_every_replay_run():
         "--block-sizes", "32", "--workloads", "shared-prefix,seed", "--num-blocks", "15000,45000",
         "--retention-interval", "4096")
     assert pc.ascend_run_args(("--partial-hits",), seed_workload=True) == ("--partial-hits", "--workloads", "repeat,seed")
+
+
+@pytest.mark.parametrize("argv, said", [(["--num-blocks", "0"], "block counts must be > 0"),
+                                       (["--num-blocks", "12k"], "a comma-separated list of block counts"),
+                                       (["--retention-interval", "-1"], "--retention-interval")])
+def test_bench_command_line_refuses_bad_pool_options_before_any_work(argv, said, tmp_path):
+    from click.testing import CliRunner
+
+    from kvforge.cli import main
+
+    out = CliRunner().invoke(main, ["--cache-dir", str(tmp_path / "c"), "bench", "prefix-cache", "-t", "v0.20.2rc",
+                                    "--component", "vllm-ascend", *argv])
+    assert out.exit_code == 2 and said in out.output, out.output
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir()), "nothing made in the cache"

@@ -470,9 +470,11 @@ def bench_prefix_cache(ctx, scenario_spec: str = "all", scale: float = DEFAULT_S
     return result
 
 
-def bench_command(ctx, scenario_spec: str, scale: float, seed: int, plot_path: Path | None) -> BenchResult:
+def bench_command(ctx, scenario_spec: str, scale: float, seed: int, plot_path: Path | None,
+                  num_blocks: tuple[int, ...] = (), retention_interval: int | None = None,
+                  seed_workload: bool = False) -> BenchResult:
     """`kvforge bench prefix-cache`: the run, and its plot when asked (check_plot_available first)."""
-    result = bench_prefix_cache(ctx, scenario_spec, scale, seed)
+    result = bench_prefix_cache(ctx, scenario_spec, scale, seed, num_blocks, retention_interval, seed_workload)
     if plot_path is not None:
         write_plot(result.rows, result.states, plot_path,
                    f"{result.target}: prefix-cache hit rate per request (scale {result.scale:g})")

@@ -125,11 +125,21 @@ def bench_group() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of per-request hit rates, base vs patched (needs matplotlib: kvforge[plot]).")
+@click.option("--num-blocks", "num_blocks", metavar="N[,N...]", default="",
+              help="vllm-ascend: bound the KV pool to N blocks (one run per size; default: a pool the workload never "
+                   "fills), as a deployment's memory bounds it.")
+@click.option("--retention-interval", "retention_interval", type=click.IntRange(min=0), metavar="TOKENS",
+              help="vllm-ascend: keep sliding-window blocks only at multiples of TOKENS (and the prompt's tail) "
+                   "[default: the series' own default].")
+@click.option("--seed-workload", is_flag=True,
+              help="vllm-ascend: seed 001's own workload (32 requests in one wave, ~90%% of the prompt shared, "
+                   "8,192 in, 1,024 out) beside the re-send workload.")
 @tree_options
 @click.pass_obj
 @handle_errors
 def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None, scenario_spec: str, scale: float,
-                           seed: int, plot_path: Path | None, from_rev: str | None, python: Path | None,
+                           seed: int, plot_path: Path | None, num_blocks: str, retention_interval: int | None,
+                           seed_workload: bool, from_rev: str | None, python: Path | None,
                            torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Prefix-cache hit rates of the base and the patched tree, from vLLM's own counters.
 
@@ -142,12 +152,20 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
     """
     from kvforge.bench import prefix_cache
 
+    try:
+        pools = tuple(int(n) for n in num_blocks.split(",") if n.strip())
+    except ValueError:
+        raise click.BadParameter(f"a comma-separated list of block counts, got {num_blocks!r}",
+                                 param_hint="--num-blocks") from None
+    if any(n <= 0 for n in pools):
+        raise click.BadParameter(f"block counts must be > 0, got {num_blocks!r}", param_hint="--num-blocks")
     if plot_path is not None:
         prefix_cache.check_plot_available()
     component = tree_component(target_name, component, from_rev)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url, from_rev=from_rev,
                    python=python, torch_index=torch_index)
-    finish(prefix_cache.bench_command(ctx, scenario_spec, scale, seed, plot_path), as_json)
+    finish(prefix_cache.bench_command(ctx, scenario_spec, scale, seed, plot_path, pools, retention_interval,
+                                      seed_workload), as_json)
 
 
 @bench_group.command("scheduler-overhead")
