@@ -22,7 +22,7 @@ import click
 from kvforge import __version__
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_CODES
-from kvforge.cli import proof, series, upstream, wheels
+from kvforge.cli import adopt, proof, series, upstream, wheels
 from kvforge.cli.finish import finish, progress, run_cli
 from kvforge.cli.options import Group, cache_option
 
@@ -58,7 +58,7 @@ def cli(ctx: click.Context) -> None:
         ctx.obj = Cache(None)
 
 
-for _module in (series, proof, wheels, upstream):
+for _module in (series, proof, wheels, upstream, adopt):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

@@ -153,17 +153,21 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
 @click.option("--collect", is_flag=True,
               help="With --selections: also collect the cuda selections on CPU (pytest --collect-only) in the base "
                    "and the patched tree; modules that do not import on CPU are checked by path, and said so.")
+@click.option("--strict", is_flag=True, help="Fail (exit 1) on header fields still to review (a `Review:` trailer); "
+                                             "default: a warning.")
 @json_option
 @click.pass_obj
 @handle_errors
 def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None, selections: bool, collect: bool,
-             as_json: bool) -> None:
+             strict: bool, as_json: bool) -> None:
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree.
 
     With --selections, also every test selection against its base (exit 1 when a path is missing)."""
+    from kvforge.project import headers
     from kvforge.proof import selection
 
-    finish(selection.lint_command(cache, target_names, component, selections, collect, progress), as_json)
+    finish(headers.with_review(selection.lint_command(cache, target_names, component, selections, collect, progress),
+                               target_names, component, strict), as_json)
 
 
 @command("status")
