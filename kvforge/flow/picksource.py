@@ -33,6 +33,7 @@ from kvforge.project.series import REVIEW, TRAILER_RE
 
 REPOS = {"vllm": "vllm-project/vllm", "vllm-ascend": "vllm-project/vllm-ascend"}
 ZERO = "0" * 40
+KVFORGE_KEYS = ("Fix-Id", "Kind", "Upstream-Status", "Upstream-PR", "Upstream-Commit", "Why", "Drop-When", "Checks")
 
 
 # ---------------------------------------------------------------- the change
@@ -181,9 +182,12 @@ def from_mbox(path: Path, component: str | None) -> Change:
     comp = component or "vllm"
     commits = [c.decode() for c in froms if c.decode() != ZERO]
     links = headers.PR_LINK.findall("\n".join(h.trailers))
+    # A team's file (no upstream commit, or a kvforge header of its own) keeps its trailer block; an upstream
+    # commit's message keeps only its sign-offs, as before.
+    own = not commits or any(m and m.group(1) in KVFORGE_KEYS for m in map(TRAILER_RE.match, h.trailers))
     return Change(str(path), _strip_signature(h.diff), subject, h.body.strip(), h.author, h.date, comp, commits,
-                  _pr_of(subject, comp) or (links[0] if links else None), False, None, signoffs,
-                  kept=list(h.trailers), review=not commits)
+                  _pr_of(subject, comp) or (links[0] if own and links else None), False, None, signoffs,
+                  kept=list(h.trailers) if own else [], review=own)
 
 
 PR_URL = re.compile(r"^https://github\.com/(vllm-project/(vllm|vllm-ascend))/pull/(\d+)/?$")
