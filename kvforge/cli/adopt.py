@@ -14,7 +14,7 @@ from kvforge.cli.options import command, component_option, json_option, make_ctx
 
 @command("import")
 @target_option
-@click.argument("source", required=False, metavar="SOURCE")
+@click.argument("source", required=False, metavar="[SOURCE]")
 @component_option
 @click.option("--order", type=click.Path(dir_okay=False, exists=True, path_type=Path), metavar="FILE",
               help="The order of SOURCE's patch files, one name a line [default: its `series` file, else name "
