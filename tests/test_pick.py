@@ -104,6 +104,53 @@ def test_annotated_patch_is_lint_clean_with_the_header_filled():
     assert p.value("Drop-When") == "upstream-pr-merged https://github.com/vllm-project/vllm/pull/41282"
 
 
+TEAM_HEADER = """\
+From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: Team Dev <dev@team.io>
+Date: Fri, 8 May 2026 12:00:00 +0000
+Subject: [PATCH] [Core] Keep the team's cap
+
+What goes wrong without it.
+
+Fix-Id: team-cap
+Upstream-PR: https://github.com/vllm-project/vllm/pull/41282
+Drop-When: upstream-pr-merged https://github.com/vllm-project/vllm/pull/41282
+Signed-off-by: Team Dev <dev@team.io>
+---
+"""
+
+
+def test_a_team_patch_file_keeps_its_header_and_what_is_added_lints(tmp_path):
+    """A team's format-patch file (no upstream commit): its trailer block is kept byte for byte, its Fix-Id is
+    the pick's, the fields it lacks are added after it and named in Review:, and the result lints."""
+    f = tmp_path / "0007-team-cap.patch"
+    f.write_bytes(TEAM_HEADER.encode() + DIFF)
+    change = picksource.from_mbox(f, None)
+    assert change.fix_id == "team-cap" and change.review
+    raw = picksource.annotated(change, change.fix_id, picksource.checks_of(DIFF), "Carrier <c@example.com>")
+    p = parse_patch(Path("0001-team-cap.patch"), raw)
+    assert not p.problems, p.problems
+    kept = TEAM_HEADER.split("\n\n", 2)[2].removesuffix("---\n")
+    assert kept.split("Signed-off-by")[0] in raw.decode()  # the file's own trailers, as they were
+    assert p.value("Drop-When") == "upstream-pr-merged https://github.com/vllm-project/vllm/pull/41282"
+    assert p.values("Signed-off-by") == ["Team Dev <dev@team.io>", "Carrier <c@example.com>"]
+    assert p.value("Review") == "Kind Upstream-Status Why Checks"
+
+
+def test_a_plain_diff_file_gets_a_header_its_lint_accepts(tmp_path):
+    """A plain diff (no message, no author): Drop-When is `never [reason]` (the syntax lint takes), the author
+    is the carrier (whose sign-off is their own, not a proposal), and every proposed field is named in Review:."""
+    f = tmp_path / "0003-keep_it.diff"
+    f.write_bytes(b"\n".join(ln for ln in DIFF.split(b"\n") if not ln.startswith((b"diff --git", b"index "))))
+    change = picksource.from_mbox(f, None)
+    assert change.subject == "keep it" and picksource.default_fix_id(change.subject) == "keep-it"
+    raw = picksource.annotated(change, "keep-it", [], "Carrier <c@example.com>")
+    p = parse_patch(Path("0001-keep-it.patch"), raw)
+    assert not p.problems, p.problems
+    assert p.value("Drop-When") == "never [no upstream commit or PR known for it]" and p.author == "Carrier <c@example.com>"
+    assert p.value("Review") == "Fix-Id Kind Upstream-Status Why Drop-When"
+
+
 def test_in_base_goes_to_the_named_component_of_a_real_target_file():
     text = (REPO_ROOT / "targets" / "v0.20.2rc.toml").read_text()
     new = pickwrite._in_base_text(text, "vllm", "swa-admission-cap", 'upstream "#41282"')

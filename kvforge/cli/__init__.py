@@ -22,7 +22,7 @@ import click
 from kvforge import __version__
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_CODES
-from kvforge.cli import help, proof, series, upstream, wheels
+from kvforge.cli import adopt, help, proof, series, upstream, wheels
 from kvforge.cli.finish import VERBOSITY, finish, progress, run_cli
 from kvforge.cli.options import Group, cache_option
 
@@ -64,7 +64,7 @@ def cli(ctx: click.Context, quiet: bool, verbose: bool) -> None:
         ctx.obj = Cache(None)
 
 
-for _module in (series, proof, wheels, upstream, help):
+for _module in (series, proof, wheels, upstream, adopt, help):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

@@ -168,20 +168,25 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
 @click.option("--no-audit", "no_audit", is_flag=True,
               help="Skip the audit of each series (kvforge audit: risky changes its headers do not acknowledge), "
                    "which reads the bases from the cache or the network; headers and diffs are still checked.")
+@click.option("--strict", is_flag=True, help="Fail (exit 1) on header fields still to review (a `Review:` trailer); "
+                                             "default: a warning.")
 @json_option
 @click.pass_obj
 @handle_errors
 def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None, selections: bool, collect: bool,
-             no_audit: bool, as_json: bool) -> None:
+             no_audit: bool, strict: bool, as_json: bool) -> None:
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree, and no
     risky change (a decorator moved or lost, a definition removed while referenced, a public signature changed,
-    a module-level call added) that its patch's header does not acknowledge (`Acknowledges:`).
+    a module-level call added) that its patch's header does not acknowledge (`Acknowledges:`). Header fields
+    kvforge proposed and nobody reviewed yet (`Review:`) are warnings, errors with --strict.
 
     With --selections, also every test selection against its base (exit 1 when a path is missing)."""
+    from kvforge.project import headers
     from kvforge.proof import selection
 
-    finish(selection.lint_command(cache, target_names, component, selections, collect, progress,
-                                  audit_series=not no_audit), as_json)
+    finish(headers.with_review(selection.lint_command(cache, target_names, component, selections, collect, progress,
+                                                     audit_series=not no_audit),
+                               target_names, component, strict), as_json)
 
 
 @command("audit")

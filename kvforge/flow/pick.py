@@ -436,7 +436,7 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
         if not source:
             raise KvforgeError("SOURCE is required (a patch file, a PR, or REV with --repo DIR)", EXIT_USAGE)
         change = load_source(source, repo_dir, component, cache, progress)
-        fid = fix_id or default_fix_id(change.subject)
+        fid = fix_id or change.fix_id or default_fix_id(change.subject)
         if not re.match(r"^[a-z0-9][a-z0-9-]*$", fid):
             raise KvforgeError(f"--fix-id {fid!r}: a Fix-Id is a lowercase slug [a-z0-9][a-z0-9-]*", EXIT_USAGE)
         ident = carrier(root, signoff)

@@ -2,9 +2,11 @@
 
 Sources (`load_source`): a commit or range A..B of a local clone (`--repo DIR REV`), a `git format-patch`
 / mbox file of one message (GitHub's `pull/N.patch` of a one-commit PR), or, online, a PR number or URL
-(refused offline, exit 6). The component (vllm, vllm-ascend) follows from the repository. Owns the `Change`
-as read, and its annotated header (`annotated`: Fix-Id, Kind, Upstream-Status, Why, Drop-When, Checks and
-the sign-offs; docs/patch-format.md).
+(refused offline, exit 6), or a patch file a team keeps (a plain diff, a DEP-3 or Yocto quilt patch), read by
+kvforge.project.headers as `kvforge import` reads it. The component (vllm, vllm-ascend) follows from the
+repository. Owns the `Change` as read, and its annotated header (`annotated`: Fix-Id, Kind, Upstream-Status,
+Why, Drop-When, Checks and the sign-offs; docs/patch-format.md): a file's own trailer block is kept as it was,
+and what kvforge adds to a file's header is named in its `Review:` trailer.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from kvforge.flow import upstream
 from kvforge.git import gitutil
 from kvforge.git.context import Progress
 from kvforge.git.engine import format_patch
-from kvforge.project.series import parse_patch
+from kvforge.project import headers
+from kvforge.project.series import REVIEW, TRAILER_RE
 
 REPOS = {"vllm": "vllm-project/vllm", "vllm-ascend": "vllm-project/vllm-ascend"}
 ZERO = "0" * 40
+KVFORGE_KEYS = ("Fix-Id", "Kind", "Upstream-Status", "Upstream-PR", "Upstream-Commit", "Why", "Drop-When", "Checks")
 
 
 # ---------------------------------------------------------------- the change
@@ -53,6 +57,14 @@ class Change:
     signoffs: list[str] = field(default_factory=list)  # the source's Signed-off-by / Co-authored-by lines
     git_dir: str | None = None  # the source repository's git directory (preimage blobs, history)
     rev: str | None = None
+    kept: list[str] = field(default_factory=list)  # a file's own trailer block, its lines as they were
+    review: bool = False  # a team's file: what kvforge adds to its header is named in `Review:`
+
+    @property
+    def fix_id(self) -> str | None:
+        """The Fix-Id the source's own header gives, if any."""
+        return next((m.group(2).strip() for m in map(TRAILER_RE.match, self.kept) if m and m.group(1) == "Fix-Id"),
+                    None)
 
     @property
     def paths(self) -> list[str]:
@@ -148,7 +160,8 @@ def _strip_signature(diff: bytes) -> bytes:
 
 
 def from_mbox(path: Path, component: str | None) -> Change:
-    """A format-patch / mbox file holding one message."""
+    """A patch file holding one change: a format-patch / mbox message, or a team's plain or quilt patch
+    (kvforge.project.headers reads each, as `kvforge import` does); its own trailer block is kept."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -156,22 +169,25 @@ def from_mbox(path: Path, component: str | None) -> Change:
     froms = re.findall(rb"^From ([0-9a-f]{40}) ", raw, re.M)
     if len(froms) > 1:
         raise KvforgeError(f"{path}: holds {len(froms)} patches; pick takes one change (squash the PR into one "
-                           "commit, or pick its merged commit with --repo DIR REV)", EXIT_USAGE)
-    probe = parse_patch(Path(path), raw)
-    if not probe.files:
-        first = probe.problems[0].message if probe.problems else "no diff"
-        raise KvforgeError(f"{path}: not a git format-patch file: {first}", EXIT_USAGE)
-    text = raw.decode("utf-8", "replace")
-    head, _, _ = text.partition("\ndiff --git ")
-    header, _, message = head.partition("\n\n")
-    message = message.rsplit("\n---\n", 1)[0]
-    date = next((ln[5:].strip() for ln in header.splitlines() if ln.startswith("Date:")), "")
-    subject, body, signoffs = _split_message(probe.subject + "\n\n" + message)
+                           "commit, or pick its merged commit with --repo DIR REV; `kvforge import` takes a series)",
+                           EXIT_USAGE)
+    try:
+        h = headers.read_patch(Path(path).name, raw)
+    except ValueError as exc:
+        raise KvforgeError(f"{path}: not a patch: {str(exc).split(': ', 1)[-1]}", EXIT_USAGE) from None
+    if not h.diff.startswith(b"diff --git "):
+        raise KvforgeError(f"{path}: not a patch: its diff changes no file", EXIT_USAGE)
+    subject = h.subject or headers.fix_id_of(Path(path).name, "").replace("-", " ")
+    signoffs = [ln.strip() for ln in h.trailers if ln.startswith(("Signed-off-by: ", "Co-authored-by: "))]
     comp = component or "vllm"
     commits = [c.decode() for c in froms if c.decode() != ZERO]
-    diff = _strip_signature(raw[raw.find(b"\ndiff --git ") + 1:])
-    return Change(str(path), diff, subject, body, probe.author, date, comp, commits, _pr_of(subject, comp),
-                  False, None, signoffs)
+    links = headers.PR_LINK.findall("\n".join(h.trailers))
+    # A team's file (no upstream commit, or a kvforge header of its own) keeps its trailer block; an upstream
+    # commit's message keeps only its sign-offs, as before.
+    own = not commits or any(m and m.group(1) in KVFORGE_KEYS for m in map(TRAILER_RE.match, h.trailers))
+    return Change(str(path), _strip_signature(h.diff), subject, h.body.strip(), h.author, h.date, comp, commits,
+                  _pr_of(subject, comp) or (links[0] if own and links else None), False, None, signoffs,
+                  kept=list(h.trailers) if own else [], review=own)
 
 
 PR_URL = re.compile(r"^https://github\.com/(vllm-project/(vllm|vllm-ascend))/pull/(\d+)/?$")
@@ -283,12 +299,16 @@ def drop_when(change: Change) -> str:
         return f"base-contains {change.commits[-1][:12]}"
     if change.pr_url:
         return f"upstream-pr-merged {change.pr_url}"
-    return "never (no upstream commit or PR known for it)"
+    return headers.NEVER
 
 
 def annotated(change: Change, fix_id: str, checks: list[str], signoff: str) -> bytes:
-    """The change as a format-patch file with kvforge's header (git am reads it; export re-writes it)."""
-    kind = "fix" if checks else "refactor"
+    """The change as a format-patch file with kvforge's header (git am reads it; export re-writes it). A file's
+    own trailer block is kept as it was; only the fields it lacks are added (named in `Review:` for a team's
+    file)."""
+    kept = {m.group(1).lower() for m in map(TRAILER_RE.match, change.kept) if m and change.kept}
+    kind = next((m.group(2).strip() for m in map(TRAILER_RE.match, change.kept) if m and m.group(1) == "Kind"),
+                "fix" if checks else "refactor")
     where = ", ".join(x for x in (change.pr_url, change.commits[-1][:12] if change.commits else None) if x)
     if change.pr_open:
         status = "Pending"
@@ -298,19 +318,37 @@ def annotated(change: Change, fix_id: str, checks: list[str], signoff: str) -> b
         status = "Pending"
     why = (re.split(r"\n\s*\n", change.body)[0] if change.body else "") or change.subject
     why = re.sub(r"^#+\s*\w[\w ]*\n", "", why.strip()).strip() or change.subject  # a PR template's "## Purpose"
-    trailers = [f"Fix-Id: {fix_id}", f"Kind: {kind}", f"Upstream-Status: {status}"]
+    author = change.author or signoff
+    new: list[tuple[str, list[str]]] = [("Fix-Id", [f"Fix-Id: {fix_id}"]), ("Kind", [f"Kind: {kind}"]),
+                                        ("Upstream-Status", [f"Upstream-Status: {status}"])]
     if change.pr_url:
-        trailers.append(f"Upstream-PR: {change.pr_url}")
-    trailers += [f"Upstream-Commit: {c[:12]}" for c in change.commits[-1:] if not change.pr_open]
-    trailers += _fold("Why", why)
-    trailers.append(f"Drop-When: {drop_when(change)}")
-    trailers += [f"Checks: {c}" for c in checks]
-    signs = list(dict.fromkeys(change.signoffs + [f"Signed-off-by: {signoff}"]))
-    trailers += signs
+        new.append(("Upstream-PR", [f"Upstream-PR: {change.pr_url}"]))
+    new += [("Upstream-Commit", [f"Upstream-Commit: {c[:12]}"]) for c in change.commits[-1:] if not change.pr_open]
+    new.append(("Why", _fold("Why", why)))
+    new.append(("Drop-When", [f"Drop-When: {drop_when(change)}"]))
+    if kind == "fix":
+        new.append(("Checks", [f"Checks: {c}" for c in checks]))
+    trailers = list(change.kept)
+    proposed: list[str] = []
+    for key, lines in new:
+        if key.lower() not in kept and lines:
+            trailers += lines
+            proposed.append(key)
+    # A team's file gets its author's sign-off proposed (for review); an upstream change's sign-offs are its own.
+    own = [f"Signed-off-by: {author}"] if change.review else []
+    signs = [s for s in dict.fromkeys(change.signoffs + own + [f"Signed-off-by: {signoff}"]) if s not in change.kept]
+    if change.kept:
+        trailers = [t for t in trailers if t not in signs] + signs
+        if signs and f"Signed-off-by: {author}" in signs:
+            proposed.append("Signed-off-by")
+    else:
+        trailers += signs
+    if change.review and proposed:
+        trailers.append(f"{REVIEW}: {' '.join(proposed)}")
     body = change.body.replace("\n---\n", "\n- - -\n")
     subject = change.subject.replace("\n", " ")
     msg = f"{subject}\n\n" + (body + "\n\n" if body else "") + "\n".join(trailers) + "\n"
-    head = f"From {ZERO} Mon Sep 17 00:00:00 2001\nFrom: {change.author}\nDate: {change.date}\nSubject: [PATCH] "
+    head = f"From {ZERO} Mon Sep 17 00:00:00 2001\nFrom: {author}\nDate: {change.date}\nSubject: [PATCH] "
     return (head + msg.split("\n", 1)[0] + "\n\n" + msg.split("\n\n", 1)[1] + "---\n").encode("utf-8") + change.diff
 
 

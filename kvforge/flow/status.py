@@ -1,4 +1,5 @@
-"""Fixes x (target, component): which fix each carries, in what upstream state, or why it needs none;
+"""Fixes x (target, component): which fix each carries, in what upstream state, or why it needs none, and how
+much of each series a person has reviewed (a patch whose header names no `Review:` field is reviewed);
 the patches `kvforge rebase` dropped (each series' ledger, kvforge.ledger); and, with --check, which
 carried patches could be dropped now (their Drop-When evaluated against their target's base).
 
@@ -18,7 +19,7 @@ from kvforge.project.ledger import Entry
 from kvforge.project.ledger import load as load_ledger
 from kvforge.core.outcome import Done
 from kvforge.core.render import table
-from kvforge.project.series import read_series
+from kvforge.project.series import read_series, unreviewed
 from kvforge.project.targets import Target, load_all
 from kvforge.flow.upstream import NewBase, evaluate_drop_when, new_base_info
 
@@ -37,6 +38,7 @@ class StatusTable:
     order: list[str]  # fix ids, first seen first
     cells: dict[str, dict[tuple[str, str], Cell]] = field(default_factory=dict)
     dropped: list[tuple[str, str, Entry]] = field(default_factory=list)  # (target, component, ledger entry)
+    reviewed: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # column -> (reviewed, patches)
 
     def column_name(self, col: tuple[str, str]) -> str:
         """'v0.20.1' while every target has one component; 'v0.20.2rc/vllm-ascend' where it matters."""
@@ -46,7 +48,8 @@ class StatusTable:
     def to_json(self) -> dict:
         return {"fixes": {fid: {f"{t}/{c}": vars(cell) for (t, c), cell in row.items()}
                           for fid, row in self.cells.items()},
-                "dropped": [{"target": t, "component": c, **e.to_json()} for t, c, e in self.dropped]}
+                "dropped": [{"target": t, "component": c, **e.to_json()} for t, c, e in self.dropped],
+                "reviewed": {f"{t}/{c}": {"reviewed": r, "patches": n} for (t, c), (r, n) in self.reviewed.items()}}
 
 
 def status_matrix(targets: list[Target]) -> StatusTable:
@@ -54,7 +57,9 @@ def status_matrix(targets: list[Target]) -> StatusTable:
     for t in targets:
         for comp in t.components:
             col = (t.name, comp.name)
-            for p in read_series(comp.series_dir).patches:
+            patches = read_series(comp.series_dir).patches
+            m.reviewed[col] = (sum(not unreviewed(p) for p in patches), len(patches))
+            for p in patches:
                 row = m.cells.setdefault(p.fix_id, {})
                 if p.fix_id not in m.order:
                     m.order.append(p.fix_id)
@@ -94,6 +99,10 @@ def render_status(m: StatusTable) -> str:
            "\n'-': not carried there; 'NNNN Status': patch number and Upstream-Status; 'dropped': a rebase "
            "dropped it (below)."]
     out += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+    todo = [f"{m.column_name(c)} {r}/{n}" for c, (r, n) in m.reviewed.items() if r < n]
+    if todo:
+        out.append("Reviewed (patches whose proposed header fields a person has checked; `kvforge lint` lists the "
+                   "rest): " + ", ".join(todo))
     if m.dropped:
         out += ["", "Dropped by `kvforge rebase` (each series' dropped.toml):",
                 table(["target", "patch", "fix-id", "decision", "onto", "when", "signals for it"],

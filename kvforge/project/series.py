@@ -43,6 +43,9 @@ DROP_WHEN_RE = re.compile(
 ACK_KINDS = ("decorator-moved", "decorator-removed", "removed", "renamed", "signature", "call-added")
 ACK_RE = re.compile(r"^(?P<kind>[a-z-]+)\s+(?:(?P<path>[\w./-]+\.py)::)?(?P<name>[A-Za-z_][\w.]*(?:@\d+)?)"
                     r"(?::\s+(?P<reason>\S.*))?$")
+# `Review: Fix-Id Kind ...`: the fields kvforge proposed (import, pick) that no person has checked yet. Lint warns
+# (`kvforge lint --strict`: fails) until the reviewer removes each name, or the trailer.
+REVIEW = "Review"
 REQUIRED = ("Fix-Id", "Kind", "Upstream-Status", "Why", "Drop-When", "Signed-off-by")
 SINGLE = ("Fix-Id", "Kind", "Upstream-Status", "Why", "Drop-When")
 
@@ -377,6 +380,23 @@ def _check_trailers(patch: Patch, block_line: int, bad) -> None:
     if patch.kind == "fix" and "Checks" not in seen and "Kind" in seen:
         bad(block_line, "Kind fix needs at least one 'Checks:' test that proves it (or say 'Kind: refactor')")
     _check_author_signoff(patch, seen.get("Signed-off-by", []), block_line, bad)
+
+
+def unreviewed(patch: Patch) -> list[str]:
+    """The header fields `Review:` still names: proposed by kvforge, not yet checked by a person."""
+    return [name for v in patch.values(REVIEW) for name in v.replace(",", " ").split()]
+
+
+def review_warnings(series: Series) -> list[Problem]:
+    """One warning per patch with unreviewed fields (not lint problems: a series under review still applies)."""
+    out = []
+    for p in series.patches:
+        names = unreviewed(p)
+        if names:
+            line = next(t.line for t in p.trailers if t.key.lower() == REVIEW.lower())
+            out.append(Problem(p.path, line, f"unreviewed: {', '.join(names)} (proposed by kvforge; check each, then "
+                                             f"remove its name from '{REVIEW}:', or the line)"))
+    return out
 
 
 def author_email(ident: str) -> str:
