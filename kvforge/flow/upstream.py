@@ -449,7 +449,8 @@ def evaluate_drop_when(expr: str, nb: NewBase, probe: "Probe | None" = None) -> 
             return Signal("drop-when", True, True, f"{expr}: it is an ancestor of the base")
         return Signal("drop-when", False, False, f"{expr}: not an ancestor of the base")
     if expr.startswith("upstream-pr-merged "):
-        return Signal("drop-when", None, False, f"{expr}: cannot tell offline whether the PR is merged")
+        return Signal("drop-when", None, False, f"{expr}: kvforge does not ask the forge whether a PR is merged "
+                      "(it reaches only the package index); say `base-contains <merge commit>` once it is")
     if expr == "never" or expr.startswith("never "):
         return Signal("drop-when", None, False, f"{expr}: no condition to evaluate")
     return Signal("drop-when", None, False, f"{expr!r}: not a Drop-When condition")

@@ -331,6 +331,8 @@ def render_target(target: Target, root: Path, header: Sequence[str] = (),
         out += ["", "[components.tests]", *put_comments(c.name, "tests")]
         if c.standins:
             out.append(f"standins = [{', '.join(q(s) for s in c.standins)}]")
+        if c.requirements:
+            out.append(f"requirements = [{', '.join(q(r) for r in c.requirements)}]")
         for plat in c.platforms:
             sel = c.tests.get(plat)
             if sel is None:
