@@ -250,19 +250,6 @@ def default_fix_id(subject: str) -> str:
     return slug or "upstream-fix"
 
 
-def _fold(key: str, text: str, width: int = 76) -> list[str]:
-    words = text.split()
-    lines, cur = [], f"{key}:"
-    for w in words:
-        if len(cur) + 1 + len(w) > width and cur.strip() != f"{key}:":
-            lines.append(cur)
-            cur = " " + w
-        else:
-            cur += " " + w
-    lines.append(cur)
-    return lines
-
-
 def checks_of(diff: bytes) -> list[str]:
     """The test functions the change adds or modifies (a +/- line inside them): pytest node ids path::name."""
     out: list[str] = []
@@ -324,7 +311,7 @@ def annotated(change: Change, fix_id: str, checks: list[str], signoff: str) -> b
     if change.pr_url:
         new.append(("Upstream-PR", [f"Upstream-PR: {change.pr_url}"]))
     new += [("Upstream-Commit", [f"Upstream-Commit: {c[:12]}"]) for c in change.commits[-1:] if not change.pr_open]
-    new.append(("Why", _fold("Why", why)))
+    new.append(("Why", headers.fold("Why", why)))
     new.append(("Drop-When", [f"Drop-When: {drop_when(change)}"]))
     if kind == "fix":
         new.append(("Checks", [f"Checks: {c}" for c in checks]))

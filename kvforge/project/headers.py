@@ -212,7 +212,8 @@ def touched(diff: bytes) -> list[str]:
     return sorted(set(names))
 
 
-def _fold(key: str, text: str, width: int = 76) -> list[str]:
+def fold(key: str, text: str, width: int = 76) -> list[str]:
+    """A trailer `key: text` folded at `width`, continuation lines starting with a space (as lint reads them)."""
     words = text.split()
     lines, cur = [], f"{key}:"
     for w in words:
@@ -277,7 +278,7 @@ def _annotate(name: str, h: Header, carrier: str, fix_id: str | None, checks: li
     new: list[str] = []
 
     def add(key: str, value: str, propose: bool = True) -> None:
-        new.extend(_fold(key, value) if key == "Why" else [f"{key}: {value}"])
+        new.extend(fold(key, value) if key == "Why" else [f"{key}: {value}"])
         if propose and key not in proposed:
             proposed.append(key)
 
