@@ -7,7 +7,7 @@ paths as the sdists of 0.20.1 and 0.20.2 have them (tags v0.20.1, v0.20.2; made 
 
 - kvforge: `kvforge pick --repo SRC <commit> --json` in a copy of the project (its CLI, process start
   included), ending with every verdict decided and the series and target files written (all or nothing);
-  the project is restored between runs (not timed). Its breakdown from --json: signals (kvforge.upstream
+  the project is restored between runs (not timed). Its breakdown from --json: signals (kvforge.flow.upstream
   on every target's base), decide (signals + git am -3 on each stack), write.
 - by hand: a clone with one branch per target (base + series, made once by `kvforge apply`, not timed):
   `git fetch SRC <commit>`, then per target `git checkout -q kvforge/<t>` and `git cherry-pick -x <commit>`

@@ -3,7 +3,7 @@
 A fixture series (two annotated patches on the tiny vLLM-like tree of test_verify's `fake`
 fixture, whose base carries a real vLLM PR template) gets fixture evidence: verify and bench
 records built with kvforge's own VerifyReport / bench aggregation and saved through
-kvforge.evidence, so the golden texts in tests/golden/ are byte-stable. Other tests use real
+kvforge.core.evidence, so the golden texts in tests/golden/ are byte-stable. Other tests use real
 evidence from real `kvforge verify` runs on the same tree. `gh` is never run: a labelled FAKE gh
 script records what `--open` hands it.
 

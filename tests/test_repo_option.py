@@ -1,4 +1,4 @@
-"""`--repo` naming a directory that does not exist (kvforge.bases, for base, apply, port and every command that
+"""`--repo` naming a directory that does not exist (kvforge.git.bases, for base, apply, port and every command that
 fetches a git base): one line naming it and saying it does not exist, exit 2, nothing made in the cache; not
 git's "Please make sure you have the correct access rights and the repository exists." (issue 21)."""
 

@@ -12,7 +12,7 @@ from helpers import make_patch, write_series
 from kvforge.cli import main
 
 LEDGER = """\
-# written by hand in the format kvforge.ledger renders
+# written by hand in the format kvforge.project.ledger renders
 [[dropped]]
 file = "0002-old-fix.patch"
 fix_id = "old-fix"

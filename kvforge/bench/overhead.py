@@ -380,7 +380,7 @@ class OverheadResult:
     seconds: float = 0.0
     vllm_settings: dict[str, str] = field(default_factory=dict)
     runs: list[dict] = field(default_factory=list)  # every repetition's raw results, for the record
-    exit_code = 0  # an Outcome (kvforge.outcome): the goals never change the exit status
+    exit_code = 0  # an Outcome (kvforge.core.outcome): the goals never change the exit status
     error = None
 
     def render(self) -> str:

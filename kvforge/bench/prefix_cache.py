@@ -349,7 +349,7 @@ class BenchResult:
 
     @property
     def error(self) -> None:
-        return None  # the table and its "error" lines say why (kvforge.outcome: no error line)
+        return None  # the table and its "error" lines say why (kvforge.core.outcome: no error line)
 
     def render(self) -> str:
         states = self.states

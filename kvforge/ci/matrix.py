@@ -20,7 +20,7 @@ prepare a runner (install kvforge, the hardware's interpreter). cuda and npu job
 for their runners only: `kvforge matrix` never runs a job, and the output marks them
 `runs_here: false` with the hardware they need: nothing here reports them as passed.
 
-The kinds of job are one table, kvforge.platforms.JOB_KINDS (build, then one per platform), and
+The kinds of job are one table, kvforge.project.platforms.JOB_KINDS (build, then one per platform), and
 every fact a job takes from its platform is data there: runner labels (defaults; `--runs-on
 PLATFORM=LABEL` overrides one), container, timeout, Buildkite emoji, vLLM's Buildkite device, the
 plugin a "tree" job installs. This module has one function per recipe (RECIPES: build, verify,
@@ -174,7 +174,7 @@ class _Unit:
 def _build_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
     """Every release wheel the component pins, overlaid and verified, in one job on the (x86_64) CPU runner:
     `--arch all` builds the aarch64 overlay there too (an overlay is arch-independent; the aarch64 wheel is
-    checked by RECORD, files and metadata, its import labelled not run). Plus, per kvforge.platforms.DEVICES,
+    checked by RECORD, files and metadata, its import labelled not run). Plus, per kvforge.project.platforms.DEVICES,
     the package's own build for a device (vLLM for `empty`) when a component of the target runs on one of
     the device's platforms (npu: an Ascend deployment installs vLLM without a device under vllm-ascend)."""
     t, c = u.target, u.comp
@@ -258,7 +258,7 @@ def _tree_jobs(u: _Unit, kind: JobKind, plat: Platform) -> list[Job]:
                   junit=[f"{CACHE_DIR}/results/{t.name}/{c.name}/**/*.xml"], selection=selection)]
 
 
-# How each kind of job is made (JobKind.recipe; kvforge.platforms holds the facts).
+# How each kind of job is made (JobKind.recipe; kvforge.project.platforms holds the facts).
 RECIPES: dict[str, Callable[[_Unit, JobKind, Platform], list[Job]]] = {
     "build": _build_jobs, "verify": _verify_jobs, "wheel": _wheel_jobs, "tree": _tree_jobs}
 

@@ -1,12 +1,12 @@
 """`kvforge init [DIR]`: a new patch repository of another team's, run by the installed kvforge.
 
 DIR (default: the current directory) gets targets/ and patches/ (what project discovery,
-kvforge.targets.project_root, looks for), a README with the two commands (install kvforge, run the checks and
+kvforge.project.targets.project_root, looks for), a README with the two commands (install kvforge, run the checks and
 CPU jobs), a .gitignore (the cache CI keeps in the checkout, the trees kvforge makes), the CI files (GitHub
 Actions and Buildkite: kvforge's own ci/github/kvforge.yml, ci/github/kvforge-watch.yml and
 ci/buildkite/pipeline.yml, shipped in kvforge/data/init, installing kvforge with $KVFORGE_INSTALL instead of from
 the checkout; `kvforge matrix` puts that same command in every job's setup), and with --release a first target:
-the release's PyPI sdist pinned by sha256 (kvforge.bases's package-index reader), an empty series, vLLM's CPU
+the release's PyPI sdist pinned by sha256 (kvforge.git.bases's package-index reader), an empty series, vLLM's CPU
 core suites as its CPU selection (`core_cpu_suites`, the selection `kvforge target add` gives a first target).
 
 Where CI gets kvforge (docs/init.md): --install REQUIREMENT when given; else the git URL and commit the running

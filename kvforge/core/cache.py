@@ -22,7 +22,7 @@ Layout (each entry created by the module named; a leading dot: work in progress 
   envs/<key>/                test environments keyed by a hash of their content, with <key>.build.log,
                              overlay-<hash>/ (a user's interpreter's overlay, userenv), hf-<hash>/ (the
                              offline Hugging Face cache, envcore) (env)
-  results/                   evidence: JUnit XML, verify and bench JSON (kvforge.evidence)
+  results/                   evidence: JUnit XML, verify and bench JSON (kvforge.core.evidence)
 
 Ref namespaces written in a cached repository (each by one module only):
   refs/tags/<ref>                                   bases (bases)
@@ -142,5 +142,5 @@ class Cache:
 
     @property
     def results(self) -> Path:
-        """Evidence records (kvforge.evidence owns the layout below this)."""
+        """Evidence records (kvforge.core.evidence owns the layout below this)."""
         return self._dir("results")

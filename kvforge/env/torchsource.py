@@ -110,7 +110,7 @@ def torch_sources(torch_index: str | None = None) -> list[TorchSource]:
 
 
 def offline() -> bool:
-    """$KVFORGE_OFFLINE set: no network probes (as for git remotes in kvforge.bases)."""
+    """$KVFORGE_OFFLINE set: no network probes (as for git remotes in kvforge.git.bases)."""
     return bool(os.environ.get("KVFORGE_OFFLINE"))
 
 

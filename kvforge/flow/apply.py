@@ -1,6 +1,6 @@
 """`kvforge apply`: the series on its base, as one commit per patch, on a branch in a tree the user owns.
 
-The series is applied by the git am engine in kvforge's own stack (kvforge.trees, in the cache);
+The series is applied by the git am engine in kvforge's own stack (kvforge.git.trees, in the cache);
 then the result reaches the user in one step:
 - `--into DIR` (DIR absent or empty): a standalone repository is made beside DIR under a hidden
   temporary name (`.DIR.kvforge-PID`), the base and patch commits are fetched into it (objects

@@ -3,8 +3,8 @@
 A row says since when the fix is carried (the oldest commit of its patch file in the project's git history,
 `git log --follow`) and in which releases (the targets whose series carry it), its Upstream-Status and PR (the
 header), whether its Drop-When is met on the newest release the project has a target for (the evaluation
-`kvforge status --check` uses: kvforge.upstream.evaluate_drop_when on that release's sdist base), whether its
-verify evidence is current (a record of exactly this base and series) or stale (kvforge.evidence, as
+`kvforge status --check` uses: kvforge.flow.upstream.evaluate_drop_when on that release's sdist base), whether its
+verify evidence is current (a record of exactly this base and series) or stale (kvforge.core.evidence, as
 `kvforge pr` judges it), and its churn: the commits that changed the patch file, and the ledger's drops of the
 fix from this series (dropped.toml: "upstream", or "skipped" after a conflict).
 

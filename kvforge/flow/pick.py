@@ -2,17 +2,17 @@
 
 The change comes from kvforge.flow.picksource (a commit or range of a clone, a format-patch file, a PR) with
 kvforge's header. Per (target, component) that has the change's component, in this order: `present` (the
-target file lists the Fix-Id in `in_base`, or kvforge.upstream's signals on the base decide "upstream": never
+target file lists the Fix-Id in `in_base`, or kvforge.flow.upstream's signals on the base decide "upstream": never
 on one weak signal), `carried` (a patch with the Fix-Id or the same `git patch-id --stable`), then `git am -3`
-on the target's stack tip (kvforge.trees) in a worktree of kvforge's own: `applies`, `applies
+on the target's stack tip (kvforge.git.trees) in a worktree of kvforge's own: `applies`, `applies
 (3-way)`, or, when it fails, `needs prerequisite` (it does not apply to the bare base either: its
 preimage comes from upstream changes the target lacks; with the source's history, the commits named)
 or `conflict` (it applies to the base but not over the carried series). A failing target gets a tree
-of the user's at the conflict (kvforge.port's way: `apply_target` + preimages + `git am -3`); the
+of the user's at the conflict (kvforge.flow.port's way: `apply_target` + preimages + `git am -3`); the
 others are still decided. `disagree` (strong signals on both sides) stops like a conflict. `--after FIX`:
 the change is applied on the series up to FIX and the later patches are re-applied over it (re-exported
 under their names), or the pick is refused (exit 3, nothing written); `--verify` proves the picked patch
-(kvforge.verify with `prove`), wherever it sits.
+(kvforge.proof.verify with `prove`), wherever it sits.
 
 Writing: kvforge.flow.pickwrite, one transaction of the project once every row is decided (and, with
 --verify, proven); a SIGKILL at any of its steps ($KVFORGE_CRASH_AT=pick:<step>,

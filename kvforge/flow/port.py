@@ -33,7 +33,7 @@ from kvforge.git.trees import open_stack
 
 @dataclass
 class PortResult:
-    """An Outcome (kvforge.outcome): exit code 3 when the variant conflicts (the tree is left at the conflict)."""
+    """An Outcome (kvforge.core.outcome): exit code 3 when the variant conflicts (the tree is left at the conflict)."""
 
     fix_id: str
     source_target: str
@@ -141,7 +141,7 @@ def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path |
     # The source variant's preimage blobs live in its base's repository (the cache): copied in for the
     # three-way fallback.
     # A patch's preimages are the files as the patches before it left them: they exist in the source
-    # target's stack (kvforge.trees), built here if the cache does not have it yet.
+    # target's stack (kvforge.git.trees), built here if the cache does not have it yet.
     source_ctx = Context(ctx.cache, source_target, source_comp, progress=ctx.progress)
     source_stack = open_stack(source_ctx)
     n = copy_preimages(patch, source_stack.base.repo, dest)

@@ -1,6 +1,6 @@
 """Fixes x (target, component): which fix each carries, in what upstream state, or why it needs none, and how
 much of each series a person has reviewed (a patch whose header names no `Review:` field is reviewed);
-the patches `kvforge rebase` dropped (each series' ledger, kvforge.ledger); and, with --check, which
+the patches `kvforge rebase` dropped (each series' ledger, kvforge.project.ledger); and, with --check, which
 carried patches could be dropped now (their Drop-When evaluated against their target's base).
 
 Reads targets, series and ledgers; `drop_check` also materialises bases into the cache. Writes nothing.

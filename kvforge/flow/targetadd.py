@@ -1,15 +1,15 @@
 """`kvforge target add VERSION`: a complete new target for an upstream release, in one step (all files or none).
 
 Owns the new target: which release of each component it follows and the pins of each (the sdist's sha256 and
-release wheels per architecture from the package index, kvforge.rebase.onto; the upstream commit the sdist
-records, kvforge.bases), each component's series seeded by rebasing the nearest older target's series with the
-rebase library (kvforge.rebase.steps: signals, `git am -3`, stops and resumes), the selections checked against
-the new base (and the CPU one rescanned statically, kvforge.selection), `lifecycle = "maintained"`, and the one
+release wheels per architecture from the package index, kvforge.flow.rebase.onto; the upstream commit the sdist
+records, kvforge.git.bases), each component's series seeded by rebasing the nearest older target's series with the
+rebase library (kvforge.flow.rebase.steps: signals, `git am -3`, stops and resumes), the selections checked against
+the new base (and the CPU one rescanned statically, kvforge.proof.selection), `lifecycle = "maintained"`, and the one
 write of targets/NAME.toml and every patches/ directory it makes.
 
 State. `<cache>/targetadd/<NAME>/state.json` (this module's: the release, the from-target, the planned target
 file, the components done) plus one rebase state per component (`<cache>/rebase/<NAME>-<component>/`,
-kvforge.rebase.state). It is bound to the project that started it. Nothing in targets/ or patches/ is written
+kvforge.flow.rebase.state). It is bound to the project that started it. Nothing in targets/ or patches/ is written
 before every patch of every component is decided; a conflict stops (exit 3) with the worktree named;
 `--continue` takes the resolution, `--abort` removes the state (the project was never touched).
 
@@ -170,7 +170,7 @@ class TargetAddResult:
 
 @dataclass
 class AddState:
-    """target add's own state (the rebase of each component keeps its own, kvforge.rebase.state)."""
+    """target add's own state (the rebase of each component keeps its own, kvforge.flow.rebase.state)."""
 
     name: str
     version: str
@@ -249,7 +249,7 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
     Returns a TargetAddResult (an Outcome): state "done" (every file written), "planned" (dry_run: nothing
     written, every patch given a verdict), or "stopped" (exit 3: a patch does not apply or the signals
     disagree; `add_continue` / `add_abort`). `try_cpu`: the CPU selection's rescan also runs the modules new in
-    the release on the new base in its CPU test environment (kvforge.selection.scan_target, as `kvforge test
+    the release on the new base in its CPU test environment (kvforge.proof.selection.scan_target, as `kvforge test
     --scan --try`) and adds those that run; slow (the environment, then pytest). Bad input is a KvforgeError
     exit 2 before any work (a version that is not X.Y.Z[rcN], a name that is taken, an unknown --from); no
     package index (offline, $KVFORGE_OFFLINE=1, unreachable) is exit 6: a complete target needs its sha256
@@ -421,7 +421,7 @@ def left_out_reason(package: str, version: str, looked: list[Candidate]) -> str:
 def _plan_target(root: Path, old: Target | None, version: str, name: str, downloads: Path,
                  progress: Progress) -> tuple[Target, dict[str, str], list[str]]:
     """The new target before its series are rebased: each component's release and pins (a further component:
-    the release whose sdist's Dockerfile builds on this vLLM, kvforge.rebase.onto.matching_release; left out
+    the release whose sdist's Dockerfile builds on this vLLM, kvforge.flow.rebase.onto.matching_release; left out
     with a reason when there is none), series directories, the from-target's selections."""
     comps: list[Component] = []
     left_out: dict[str, str] = {}
@@ -604,7 +604,7 @@ def _first_selection(comp: Component, repo: Path, commit: str) -> Component:
 
 
 def _final_target(new: Target, old: Target | None, states: dict[str, State]) -> tuple[Target, dict[str, dict]]:
-    """The new target with every component completed on its new base (kvforge.rebase.retarget.complete_component:
+    """The new target with every component completed on its new base (kvforge.flow.rebase.retarget.complete_component:
     selections checked, the CPU one rescanned), and what that did per component."""
     comps = []
     report: dict[str, dict] = {}
@@ -682,7 +682,7 @@ def _commit(cache: Cache, ta: AddState, final: Target, states: dict[str, State],
 def _try_new_modules(cache: Cache, ta: AddState, final: Target, selections: dict[str, dict], progress: Progress,
                      staged: dict[str, Path]) -> Target:
     """--try: run the modules the rescan found new in the release on the new base in the component's CPU test
-    environment (kvforge.selection.scan_target with try_cpu, which `kvforge test --scan --try` runs), on the
+    environment (kvforge.proof.selection.scan_target with try_cpu, which `kvforge test --scan --try` runs), on the
     staged series (`staged`: component -> its staged copy; nothing is written to the project yet); those that
     run join the CPU selection. The target file's text is rendered again; returns the target with them."""
     root = Path(ta.root)

@@ -12,7 +12,7 @@ the fix), False (evidence it does not) or None (cannot tell here), whether that 
   match is no evidence (None).
 - upstream-commit: the recorded `Upstream-Commit`s are ancestors of the new base. Needs history
   (a git base with its history); an sdist base only knows the one upstream commit it was built
-  from (vllm/_version.py `__commit_id__`, kept by kvforge.bases), which answers only when equal.
+  from (vllm/_version.py `__commit_id__`, kept by kvforge.git.bases), which answers only when equal.
   A commit that is not an ancestor is weak evidence against (release branches cherry-pick).
 - drop-when: the patch's own `Drop-When` condition (evaluate_drop_when).
 - checks: the patch's Checks run on the new base with only the patch's test files added (no fix):
@@ -79,7 +79,7 @@ def _git(repo: Path, *args: str, check: bool = False, **kw) -> gitutil.Result:
 
 
 def new_base_info(base: "Base", component) -> NewBase:
-    """What the signals need to know about `base` (kvforge.bases.Base) of `component`."""
+    """What the signals need to know about `base` (kvforge.git.bases.Base) of `component`."""
     if base.source == "sdist":
         version: str | None = component.release.version
         history = False

@@ -5,12 +5,12 @@ evaluated there, and whether the release's wheels exist.
 Owns: the package index's release lists (`index_releases`: PyPI's JSON API at $KVFORGE_PYPI_URL, read
 once per package and run), which releases count as new for a component (`new_releases`), the report
 (table, markdown, JSON; one markdown body per release for the scheduled workflow's issue) and its status.
-Not owned here: the rebase (kvforge.rebase, called with dry_run=True: it writes only the cache, never
-patches/ or targets/), the signals and Drop-When (kvforge.upstream, read from the rebase's steps), the
-wheel choice (kvforge.wheels.choose.choose_wheels), the downloads (kvforge.bases: cached, sha256-checked).
+Not owned here: the rebase (kvforge.flow.rebase, called with dry_run=True: it writes only the cache, never
+patches/ or targets/), the signals and Drop-When (kvforge.flow.upstream, read from the rebase's steps), the
+wheel choice (kvforge.wheels.choose.choose_wheels), the downloads (kvforge.git.bases: cached, sha256-checked).
 
 `--apply` (`apply=True`): for each new vLLM release that is clean for every target moving to it and that no
-target has yet, `kvforge target add VERSION --from T` (kvforge.targetadd; T: the newest watched target it is clean for): the
+target has yet, `kvforge target add VERSION --from T` (kvforge.flow.targetadd; T: the newest watched target it is clean for): the
 one write watch makes, all or nothing per target; a target add that stops (a conflict in another component's
 series) ends the applying (exit 3), its state resumable with `kvforge target add --continue`.
 

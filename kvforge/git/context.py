@@ -78,11 +78,11 @@ class Context:
         return f"{self.target.name}/{self.component.name}"
 
     def base(self) -> Base:
-        """The component's base (kvforge.bases.Base), materialised into the cache on first use."""
+        """The component's base (kvforge.git.bases.Base), materialised into the cache on first use."""
         if self._base is None:
             self._base = ensure_base(self.component, self.cache, self.source, self.repo_url, self.progress)
         return self._base
 
     def series(self) -> Series:
-        """The component's series files, parsed; any lint problem is an error (kvforge.series.Series)."""
+        """The component's series files, parsed; any lint problem is an error (kvforge.project.series.Series)."""
         return load_clean_series(self.component)

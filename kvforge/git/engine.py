@@ -63,7 +63,7 @@ def format_patches(repo: Path, base: str, commits: list[str]) -> None:
     consecutive commits, run at once (a few at a time per CPU: run_many; one run over the whole stack leaves the
     second CPU idle): a range per commit for a short stack (their costs differ too much to split it evenly), at
     most 4 ranges per CPU for a long one (500 processes cost more than the diffs), for the format_patch calls
-    that follow (kvforge.rebase.commit reads each carried commit). Each patch is written with its own commit id in its
+    that follow (kvforge.flow.rebase.commit reads each carried commit). Each patch is written with its own commit id in its
     `From` line (read back to pair file and commit, then zeroed: the bytes of --zero-commit); a result that does
     not pair one file with each commit is dropped (format_patch then runs per commit), so a later format_patch
     returns exactly what it would have computed alone."""

@@ -1,6 +1,6 @@
 """The ledger of dropped patches: `<series_dir>/dropped.toml`, one entry per patch a rebase dropped.
 
-Written only by `kvforge rebase` (kvforge.rebase), inside the same all-or-nothing step that writes
+Written only by `kvforge rebase` (kvforge.flow.rebase), inside the same all-or-nothing step that writes
 the new series; read by `kvforge status` through `load`. Entries accumulate: a rebase appends to the
 entries the series already had. The file is not a patch and not the series file, so the series lint
 and `kvforge export` leave it alone (export keeps files of a series directory it does not manage).

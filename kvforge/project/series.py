@@ -3,7 +3,7 @@
 A patch is a `git format-patch` file whose commit message ends in git trailers (docs/patch-format.md).
 Parsing keeps line numbers so every complaint can name file and line. Nothing here writes patches:
 exports go through git itself (export.py), never through a re-serialising parser. The `series` file's
-syntax (reading and writing it) is kvforge.seriesdir's; read_series lints what it lists.
+syntax (reading and writing it) is kvforge.project.seriesdir's; read_series lints what it lists.
 """
 
 from __future__ import annotations
@@ -483,7 +483,7 @@ class Series:
 
 def read_series(directory: Path) -> Series:
     """Read `directory/series` and parse every patch it lists; problems are collected, not raised. A missing
-    directory whose interrupted swap left it beside itself is put back first (kvforge.seriesdir.recover)."""
+    directory whose interrupted swap left it beside itself is put back first (kvforge.project.seriesdir.recover)."""
     directory = Path(directory)
     series_file = directory / "series"
     problems: list[Problem] = []

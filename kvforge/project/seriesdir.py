@@ -1,7 +1,7 @@
 """The series directory: its `series` file syntax, and the steps that replace one all or nothing.
 
 Owns (the only module that does): the syntax of the `series` file (one patch file name per line,
-'#' starts a comment; read by `read_listing`/`parse_listing`, written by `listing_text`; kvforge.series
+'#' starts a comment; read by `read_listing`/`parse_listing`, written by `listing_text`; kvforge.project.series
 reads it through `parse_listing`), the directory's lock, the names beside it, staging one directory,
 swapping it in, and putting a directory back that a killed swap left missing. kvforge.project.transaction
 drives these steps for every write to patches/ and targets/ (one journal, one commit point); this module
@@ -10,7 +10,7 @@ never decides when a step runs, and fires no crash point itself (the transaction
 For series directory D in parent P (the names below are siblings of D in P):
   - `stage` computes every file into P/.D.kvforge-tmp-<pid>-<rand> (a file whose bytes D already has and
     the files kept are hard links to D's, so they keep bytes, mode and mtime), fsyncs, and lints it there
-    with the series reader (kvforge.series, passed in as `lint`): on any problem it is deleted and D is
+    with the series reader (kvforge.project.series, passed in as `lint`): on any problem it is deleted and D is
     untouched;
   - `make_ready` renames it to P/.D.kvforge-new (from now on a complete series);
   - `swap_in` swaps: Linux: renameat2(RENAME_EXCHANGE) exchanges D and .D.kvforge-new in one step;
@@ -137,7 +137,7 @@ def listing_text(ref: Listing | None, names: list[str], old_name_of: dict[str, s
 
 
 class Problem(Protocol):
-    """A lint finding (kvforge.series.Problem)."""
+    """A lint finding (kvforge.project.series.Problem)."""
 
     @property
     def path(self) -> Path: ...

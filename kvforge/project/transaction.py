@@ -7,12 +7,12 @@ it, and its steps are the only crash points of those writes ($KVFORGE_CRASH_AT=<
 
   locked      `open_transaction` holds the locks (the root and every series directory's parent, in one
               order) and has recovered an earlier transaction a kill interrupted (below);
-  staging     a directory's first file is staged (kvforge.seriesdir.stage: P/.D.kvforge-tmp-*);
-  staged      that directory's copy is complete and linted (kvforge.series): a problem refuses, nothing moved;
+  staging     a directory's first file is staged (kvforge.project.seriesdir.stage: P/.D.kvforge-tmp-*);
+  staged      that directory's copy is complete and linted (kvforge.project.series): a problem refuses, nothing moved;
   committing  `commit` begins: everything is staged and the caller has saved its own state;
   committed   THE COMMIT POINT: the journal <root>/.kvforge-transaction.json is written (atomically);
   ready       every staged copy is renamed to P/.D.kvforge-new;
-  swap-aside  the two-rename fallback's window (kvforge.seriesdir.swap_in);
+  swap-aside  the two-rename fallback's window (kvforge.project.seriesdir.swap_in);
   swapped     a directory is swapped in;
   written     every file is replaced (one rename each);
   cleanup     the old contents are being deleted;
@@ -36,7 +36,7 @@ project runs first): a journal means the kill came after the commit point: each 
 is still the one read gets its new contents (the staged copy, or staged again from the journal's bytes),
 those already new are kept, any other (changed since by someone else) is left as it is and named; then the
 journal is removed. No journal: the kill came before it, and every leftover beside the series directories
-(P/.D.kvforge-*) is deleted (kvforge.seriesdir.recover_dir): the project is wholly old or wholly new.
+(P/.D.kvforge-*) is deleted (kvforge.project.seriesdir.recover_dir): the project is wholly old or wholly new.
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def settle(root: Path, say: Say = _quiet) -> list[str]:
 
 @contextlib.contextmanager
 def _locked(root: Path, dirs: Sequence[Path], say: Say) -> Iterator[None]:
-    """The lock of the root and of each directory's parent (kvforge.seriesdir.locked), in a fixed order."""
+    """The lock of the root and of each directory's parent (kvforge.project.seriesdir.locked), in a fixed order."""
     holders: dict[Path, Path] = {root: root / JOURNAL}
     patches = root / "patches"
     if patches.is_dir():

@@ -319,7 +319,7 @@ class ScanReport:
     hits: list[Hit]
     selection: list[str]
     trials: list[Trial] = field(default_factory=list)
-    exit_code = 0  # an Outcome (kvforge.outcome): a scan always succeeds
+    exit_code = 0  # an Outcome (kvforge.core.outcome): a scan always succeeds
     error = None
 
     @property

@@ -184,7 +184,7 @@ def _discard_state(ctx: Context, st: State | None) -> None:
 
 def _require_state(ctx: Context) -> State:
     """The state of ctx's rebase, bound to this project; a change to the files its commit replaces is said
-    now (the commit then keeps both: kvforge.rebase.commit)."""
+    now (the commit then keeps both: kvforge.flow.rebase.commit)."""
     st = load(ctx)
     if st is None:
         raise KvforgeError(f"no rebase of {ctx.label} in progress", EXIT_USAGE)

@@ -1,6 +1,6 @@
 """What `kvforge rebase` returns: a RebaseResult (done, planned, or stopped at a patch) or Aborted.
 
-Both are kvforge.outcome.Outcome: a stopped rebase has exit code 3 and its message as the error line.
+Both are kvforge.core.outcome.Outcome: a stopped rebase has exit code 3 and its message as the error line.
 """
 
 from __future__ import annotations

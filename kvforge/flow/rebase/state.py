@@ -55,7 +55,7 @@ class Step:
     fix_id: str
     verdict: Verdict
     reason: str = ""
-    decision: str = ""  # what kvforge.upstream.decide said: upstream | carried | disagree
+    decision: str = ""  # what kvforge.flow.upstream.decide said: upstream | carried | disagree
     signals: list[dict[str, Any]] = field(default_factory=list)  # {"name", "fired", "strong", "detail"}
     how: str = ""  # git am: applied | applied (3-way) | no change | conflict | resolved | not applied
     commit: str | None = None  # its commit on the new base (carried)

@@ -3,8 +3,8 @@
 `git am -3` in the rebase's worktree for a patch that needs the 3-way merge, stopping at a conflict or a
 disagreement.
 
-Works on a State (kvforge.rebase.state) and saves it after every patch; writes nothing in patches/ or
-targets/ (kvforge.rebase.commit does, once every step is decided).
+Works on a State (kvforge.flow.rebase.state) and saves it after every patch; writes nothing in patches/ or
+targets/ (kvforge.flow.rebase.commit does, once every step is decided).
 """
 
 from __future__ import annotations
