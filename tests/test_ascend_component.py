@@ -156,9 +156,14 @@ def test_apply_component_errors_and_all_or_nothing(two, tmp_path, monkeypatch):
     tmp_path = tmp_path / "work"
     tmp_path.mkdir()
     monkeypatch.chdir(tmp_path)
-    for opt in (["--into", "x"], ["--branch", "b"], ["--keep-conflict"]):
+    for opt in (["--branch", "b"], ["--keep-conflict"]):
         res = kvforge("apply", "-t", "fake", *opt, "--json")
         assert res.exit_code == 2 and "add --component" in json.loads(res.stdout)["error"], res.output
+    # --into names one tree: the first component's, said so (README's `apply -t v0.20.2rc --into DIR` as written).
+    res = kvforge("apply", "-t", "fake", "--into", "x", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["component"] == "vllm", res.output
+    assert "--into names one tree: vllm, the first (--component NAME for another)" in res.stderr
+    shutil.rmtree(tmp_path / "x")
     res = kvforge("apply", "-t", "fake", "--component", "nope")
     assert res.exit_code == 2 and "has no component 'nope'" in res.output
     # A patch of the second series that does not apply: neither tree is made.
