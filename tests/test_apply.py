@@ -142,7 +142,7 @@ def test_repo_dir_adds_the_branch_and_leaves_the_checkout_alone(project, base_v0
     git(clone, "add", "untracked.txt")  # staged
     before = (git(clone, "status", "--porcelain"), git(clone, "diff"), git(clone, "diff", "--cached"),
               git(clone, "rev-parse", "HEAD"), git(clone, "symbolic-ref", "HEAD"))
-    res = kvforge("apply", "-t", "t", "--repo-dir", str(clone), "--json")
+    res = kvforge("apply", "-t", "t", "--into-clone", str(clone), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["mode"] == "added"
@@ -154,8 +154,8 @@ def test_repo_dir_adds_the_branch_and_leaves_the_checkout_alone(project, base_v0
     assert git(clone, "log", "--format=%s", "-2", "kvforge/t").splitlines() == ["[Core] second change",
                                                                               "[Core] first change"]
     # Again: a no-op. A repo-dir that is not a repository: one line, exit 2.
-    assert "nothing to do" in kvforge("apply", "-t", "t", "--repo-dir", str(clone)).output
-    res = kvforge("apply", "-t", "t", "--repo-dir", str(tmp_path))
+    assert "nothing to do" in kvforge("apply", "-t", "t", "--into-clone", str(clone)).output
+    res = kvforge("apply", "-t", "t", "--into-clone", str(tmp_path))
     assert res.exit_code == 2 and "not a git repository" in res.output
 
 
@@ -169,7 +169,7 @@ def test_repo_dir_keeps_a_base_tag_the_user_moved(project, base_v0202, tmp_path)
     mine = git(clone, "rev-parse", "HEAD").strip()
     git(clone, "tag", "kvforge/base/t", mine)  # the user moved (or made) the base tag
     refs = git(clone, "for-each-ref")
-    res = kvforge("apply", "-t", "t", "--repo-dir", str(clone))
+    res = kvforge("apply", "-t", "t", "--into-clone", str(clone))
     assert res.exit_code == 2, res.output
     [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("kvforge: error:")]
     assert "kvforge/base/t" in line and mine[:12] in line and base.commit[:12] in line and "nothing was changed" in line
@@ -179,7 +179,7 @@ def test_repo_dir_keeps_a_base_tag_the_user_moved(project, base_v0202, tmp_path)
     git(clone, "tag", "kvforge/base/t-mine", "kvforge/base/t")
     git(clone, "tag", "-f", "-a", "-m", "the base, by hand", "kvforge/base/t", base.commit)
     tag_object = git(clone, "rev-parse", "kvforge/base/t").strip()
-    res = kvforge("apply", "-t", "t", "--repo-dir", str(clone), "--json")
+    res = kvforge("apply", "-t", "t", "--into-clone", str(clone), "--json")
     assert res.exit_code == 0, res.output
     assert git(clone, "rev-parse", "kvforge/base/t").strip() == tag_object  # the user's tag object, kept
     assert git(clone, "rev-parse", "kvforge/base/t-mine^{commit}").strip() == mine

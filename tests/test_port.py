@@ -62,7 +62,7 @@ def committed_project(tmp_path, monkeypatch, session_cache):
 
 def test_port_kv_events_to_main_leaves_a_conflict_with_the_header(committed_project, tmp_path):
     tree = tmp_path / "port"
-    r = kvforge("port", "kv-events-token-ids", "--to", "main", "--from-target", "v0.20.2rc", "--into", str(tree),
+    r = kvforge("port", "kv-events-token-ids", "-t", "main", "--from-target", "v0.20.2rc", "--into", str(tree),
                 "--source", "sdist", "--json")
     assert r.exit_code == 3, r.output
     data = json.loads(r.stdout)
@@ -95,9 +95,9 @@ def test_port_refuses_what_the_target_has_or_nobody_carries(fake):
     fake.patch("0001-triple", {CORE: ("def clamp", "def triple(x):\n    return 3 * x\n\n\ndef clamp")},
                kind="refactor")
     fake.series("0001-triple")
-    r = kvforge("port", "triple", "--to", "fake")
+    r = kvforge("port", "triple", "-t", "fake")
     assert r.exit_code == 2 and "already carries" in r.output
-    r = kvforge("port", "nothing-like-it", "--to", "fake")
+    r = kvforge("port", "nothing-like-it", "-t", "fake")
     assert r.exit_code == 2 and "carries a patch with Fix-Id" in r.output
 
 
@@ -121,10 +121,10 @@ def test_port_of_a_vllm_ascend_fix_onto_a_vllm_target_is_refused(committed_proje
     onto a target's vLLM component is bad input (one line, exit 2), refused before any tree is made."""
     tree = tmp_path / "port"
     for extra in ([], ["--from-target", "v0.20.2rc"]):
-        r = kvforge("port", "ascend-dsv4-block-size", "--to", to, "--into", str(tree), "--source", "sdist", *extra)
+        r = kvforge("port", "ascend-dsv4-block-size", "-t", to, "--into", str(tree), "--source", "sdist", *extra)
         assert r.exit_code == 2, r.output
         [line] = r.stderr.strip().splitlines()
         assert "vllm-ascend" in line and "patches/v0.20.2rc-vllm-ascend" in line and f"{to} (vllm)" in line, line
         assert not tree.exists()  # no tree, let alone one stopped inside `git am`
-    r = kvforge("port", "ascend-dsv4-block-size", "--to", to, "--into", str(tree), "--json")
+    r = kvforge("port", "ascend-dsv4-block-size", "-t", to, "--into", str(tree), "--json")
     assert r.exit_code == 2 and json.loads(r.stdout)["exit"] == 2

@@ -70,7 +70,7 @@ def test_port_a_shipped_fix_from_v0202rc_onto_v0201_applies(session_cache, tmp_p
     before = snapshot(root)
     tree = tmp_path / "vllm-v0.20.1-eagle"
     t0 = time.monotonic()
-    r = run(root, session_cache.root, "port", FIX, "--to", "v0.20.1", "--into", str(tree), "--source", "sdist",
+    r = run(root, session_cache.root, "port", FIX, "-t", "v0.20.1", "--into", str(tree), "--source", "sdist",
             "--json")
     seconds = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
