@@ -339,7 +339,10 @@ def test_installed_kvforge_init_lint_apply_pick_verify(tmp_path):
 
     (p,) = read_series(team / "patches/v0.20.1").patches
     assert p.value("Drop-When") == "version >= 0.20.2" and p.checks, p.checks
-    _sh([kv, "lint"], team, env)
+    _sh([kv, "lint", "--no-audit"], team, env)
+    # The picked change adds a parameter to public methods: lint's audit flags it until the header acknowledges it.
+    audit = _sh([kv, "lint"], team, env, ok=False)
+    assert audit.returncode == 1 and "patch 0001: signature of " in audit.stdout, audit.stdout[-2000:]
 
     # verify: the picked fix proven in the team's project (its new test function fails on 0.20.1 for a behavioural
     # reason, with the patch's test-side change laid over the old tree, and passes after it)

@@ -416,7 +416,10 @@ def test_pick_real_upstream_change_into_every_target(picking, upstream, tmp_path
     assert sorted(line[3:] for line in _changed(root)) == [
         "patches/v0.20.1/0006-swa-admission-cap.patch", "patches/v0.20.1/series", "targets/main.toml",
         "targets/v0.20.2rc.toml"]
-    assert kvforge("lint").exit_code == 0
+    assert kvforge("lint", "--no-audit").exit_code == 0
+    # The picked change adds a parameter to three public methods: the audit flags it until its header says so.
+    flagged = [p["message"] for p in json.loads(kvforge("lint", "-t", "v0.20.1", "--json").stdout)["problems"]]
+    assert len(flagged) == 3 and all(m.startswith("patch 0006: signature of ") for m in flagged), flagged
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "picked")
 
@@ -585,7 +588,12 @@ def test_pick_after_places_the_patch_after_a_fix_and_reapplies_the_rest(picking,
     (row,) = _rows(res).values()
     assert row["verdict"] == "applies" and row["position"] == 2 and "after 0001-two-phase-kv-alloc.patch" in row["detail"]
     new = read_series(root / "patches" / "v0.20.1")
-    assert not new.all_problems() and kvforge("lint").exit_code == 0
+    assert not new.all_problems() and kvforge("lint", "--no-audit").exit_code == 0
+    # The picked change adds a parameter to three public methods: the audit flags it until its header says so.
+    lint = kvforge("lint", "-t", "v0.20.1", "--json")
+    flagged = [p["message"] for p in json.loads(lint.stdout)["problems"]]
+    assert lint.exit_code == 1 and len(flagged) == 3 and all(
+        m.startswith("patch 0006: signature of ") and "`apply_admission_cap` added" in m for m in flagged), flagged
     assert [p.name for p in new.patches] == [old.patches[0].name, "0006-swa-admission-cap.patch",
                                              *[p.name for p in old.patches[1:]]]
     assert [p.fix_id for p in new.patches[2:]] == [p.fix_id for p in old.patches[1:]]  # headers kept
