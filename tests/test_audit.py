@@ -133,7 +133,7 @@ def test_harmless_changes_are_listed_never_flagged(audited):
     assert not any(f.risky for p in (new_method, body, comment) for f in p.findings)
 
 
-def test_an_acknowledgement_clears_what_it_names_and_one_that_matches_nothing_is_a_problem(audited):
+def test_an_acknowledgement_clears_what_it_names_and_one_that_matches_nothing_is_shown_stale(audited):
     ctx, _, base, _ = audited
     patches = ctx.component.series_dir
     for old in patches.glob("*.patch"):
@@ -148,10 +148,11 @@ def test_an_acknowledgement_clears_what_it_names_and_one_that_matches_nothing_is
                      "Acknowledges: removed get_group_id: not what this patch does\n")
     write_series(patches.parent.parent, "0001-decorator-moved.patch", "0002-default-changed.patch")
     report = audit_target(ctx)
-    problems = [str(p) for p in report.problems()]
-    assert len(problems) == 1, problems
-    assert problems[0].endswith("0002-default-changed.patch:12: Acknowledges removed get_group_id: "
-                                "patch 0002 makes no such change (remove the line)")
+    assert report.problems() == [], [str(p) for p in report.problems()]
+    stale = [str(p) for p in report.stale()]
+    assert len(stale) == 1 and stale[0].endswith("0002-default-changed.patch:12: Acknowledges removed get_group_id: "
+                                                 "patch 0002 makes no such change (remove the line)"), stale
+    assert "warning: " + stale[0] in report.render()
     acked = [f for p in report.patches for f in p.findings if f.acknowledged]
     assert [(f.change.kind, f.acknowledged.reason) for f in acked] == [
         ("decorator-moved", "on purpose, in a test"), ("signature", "events on by default")]

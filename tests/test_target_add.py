@@ -369,7 +369,8 @@ def test_add_0220_stops_at_the_swa_mask_conflict_then_continues(copy_project, re
         (REPO_ROOT / "patches" / "v0.20.2rc" / "series").read_text().split()
     assert {k: v for k, v in snapshot(copy_project).items() if "v0.22.0" not in k} == before
 
-    assert kvforge("lint", "-t", "v0.22.0").exit_code == 0
+    lint = kvforge("lint", "-t", "v0.22.0")
+    assert lint.exit_code == 0, lint.output
     assert kvforge("lint", "-t", "v0.22.0", "--selections").exit_code == 0
     r = kvforge("matrix", "--format", "json")
     assert r.exit_code == 0 and "v0.22.0" in r.output

@@ -128,17 +128,20 @@ class AuditReport:
     seconds: float = 0.0
 
     def problems(self) -> list[Problem]:
-        """What lint reports: each unacknowledged risky change, each acknowledgement that matches nothing."""
+        """What lint reports as problems: each unacknowledged risky change."""
         out: list[Problem] = []
         for p in self.patches:
             for f in p.flagged:
                 what = f.change.detail + (f" ({f.why})" if f.why else "")
                 out.append(Problem(Path(f.path), f.change.line, f"patch {p.number}: {what} {ADVICE}"))
-            for a in p.unused:
-                out.append(Problem(self.series_dir / p.name, a.line,
-                                   f"Acknowledges {a.kind} {a.name}: patch {p.number} makes no such change "
-                                   "(remove the line)"))
         return out
+
+    def stale(self) -> list[Problem]:
+        """Each acknowledgement that matches no change (shown, never a failure: it hides nothing, and a series
+        rebased onto a release that already has the change keeps such lines until someone removes them)."""
+        return [Problem(self.series_dir / p.name, a.line,
+                        f"Acknowledges {a.kind} {a.name}: patch {p.number} makes no such change (remove the line)")
+                for p in self.patches for a in p.unused]
 
     @property
     def exit_code(self) -> int:
@@ -335,6 +338,7 @@ def render_table(report: AuditReport) -> str:
     problems = report.problems()
     lines.append("")
     lines += [str(pr) for pr in problems]
+    lines += [f"warning: {pr}" for pr in report.stale()]
     lines.append(f"audit {report.target}/{report.component}: " + (
         f"{len(problems)} problem{'s' if len(problems) != 1 else ''}" if problems else "clean")
         + f" ({report.seconds:.2f}s)")
