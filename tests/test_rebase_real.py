@@ -100,9 +100,17 @@ def files(root: Path) -> dict[str, bytes]:
             for p in sorted((root / d).rglob("*")) if p.is_file()}
 
 
-def lints(root: Path, cache: Path) -> None:
-    r, _ = kvforge(root, cache, "lint")
+def lints(root: Path, cache: Path, audited: bool = True) -> None:
+    """The series lint clean; `audited=False` for the stored 0.22.0 port, whose hand-made patches change public
+    signatures its headers do not acknowledge yet: lint's audit must flag those (exit 1), headers and diffs pass."""
+    if audited:
+        r, _ = kvforge(root, cache, "lint")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return
+    r, _ = kvforge(root, cache, "lint", "--no-audit")
     assert r.returncode == 0, r.stdout + r.stderr
+    r, _ = kvforge(root, cache, "lint")
+    assert r.returncode == 1 and "(acknowledge it in the header or undo it)" in r.stdout, r.stdout + r.stderr
 
 
 def test_0210_every_target_carried_or_dropped(proj, real_cache):
@@ -184,7 +192,7 @@ def test_0220_stops_at_0002_and_the_port_continues_to_the_end(proj, real_cache, 
     # 0.22.0 has no test_backwards_compatibility.py: its selector is kept as a comment (verify would stop on it)
     assert '# not in v0.22.0 (kvforge rebase dropped it): "tests/v1/kv_connector/unit/test_backwards_compatibility.py"' \
         in text
-    lints(proj, real_cache)
+    lints(proj, real_cache, audited=False)
     # The new target applies: base 0.22.0 plus one commit per stored patch, in a tree of the user's.
     into = tmp_path / "vllm-0.22.0-port"
     r, secs = kvforge(proj, real_cache, "apply", "-t", "v0.20.2rc", "--component", "vllm", "--into", str(into))
@@ -303,7 +311,7 @@ def check_new_target(root: Path, cache: Path, name: str, version: str) -> dict:
     selectors = [s for sel in comp["tests"].values() for s in sel]
     assert selectors and [s for s in selectors if s.split("::", 1)[0].rstrip("/") not in have] == []
     assert "tests/v1/kv_connector/unit/test_backwards_compatibility.py" not in selectors  # not in 0.21.0 / 0.22.0
-    r, _ = kvforge(root, cache, "lint", "-t", name, "--selections", "--json")
+    r, _ = kvforge(root, cache, "lint", "-t", name, "--selections", "--no-audit", "--json")  # selections here; the audit: lints()
     assert r.returncode == 0, r.stdout + r.stderr
     lint = json.loads(r.stdout)
     assert lint["problems"] == [] and len(lint["selections"]) == len(selectors)
