@@ -242,12 +242,7 @@ def load_source(source: str, repo_dir: Path | None, component: str | None, cache
 
 
 def default_fix_id(subject: str) -> str:
-    s = re.sub(r"\[[^\]]*\]", " ", subject)
-    s = re.sub(r"\(#\d+\)", " ", s)
-    slug = re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
-    while len(slug) > 48 and "-" in slug:
-        slug = slug.rsplit("-", 1)[0]
-    return slug or "upstream-fix"
+    return headers.slug(subject) or "upstream-fix"
 
 
 def checks_of(diff: bytes) -> list[str]:
