@@ -176,9 +176,12 @@ def probe_retention_split(s: Sdist) -> tuple[str, str]:
     if split:
         return "needed", f"queue split at {at(bp, start)} but no retention interval knob"
     if "prepend" in body:
-        return "cannot tell", (f"{at(bp, start)} free_blocks(prepend=...) only: sliding-window blocks leaving "
-                               f"the window are prepended, blocks freed at request end still appended; retention: "
-                               f"{knob or 'none'}; whether DSv4's first-block churn remains needs a replay")
+        stm = CORE + "single_type_kv_cache_manager.py"
+        swa = s.line(stm, r"free_blocks\(\w+, prepend=True\)")
+        return "cannot tell", (f"{at(bp, start)} free_blocks(prepend=...) only: SlidingWindowManager frees its "
+                               f"uncached blocks first ({at(stm, swa)}), the other managers' free still appends "
+                               f"uncached blocks behind cached ones; retention: {knob or 'none'}; whether DSv4's "
+                               "re-send still loses its first-block keys takes a replay, not a reading")
     return "needed", (f"{at(bp, start)} free_blocks only append_n's (no uncached-first split); "
                       f"retention: {knob or 'none'}")
 
@@ -295,9 +298,11 @@ def ascend_shared(fix: str, s: Sdist, base: Sdist | None) -> tuple[str, str]:
         return "upstream", f"{on}; the Ascend coordinator keeps vLLM's two phases; {how}"
     if fix == "swa-reachable-cache-mask":
         ln = s.line(coord, r"reachable_block_mask")
-        if ln:
-            return "upstream", f"{on}; `{coord}:{ln}` aligns the Ascend coordinator with reachable_block_mask"
-        return "cannot tell", f"{on}; the Ascend coordinator never mentions reachable_block_mask"
+        sets = s.line(coord, r"mgr\.(scheduler_block_size|cache_hit_alignment_tokens) = self\.")
+        if ln and sets:
+            return "upstream", (f"{on}; the Ascend coordinator aligns vLLM's reachable_block_mask with its hits "
+                                f"(`{coord}:{sets}` sets each manager's write-mask alignment)")
+        return "cannot tell", f"{on}; the Ascend coordinator does not set its managers' hit alignment"
     if fix == "swa-retention-queue-split":
         ln = s.line(coord, r"retention_interval")
         if ln:
