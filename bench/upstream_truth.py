@@ -366,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     dl = a.downloads or downloads_dir()
     mirror = Mirror(a.mirror) if a.mirror else None
+    bad = [r for r in a.release if r.count("==") != 1]
+    if bad:
+        sys.exit(f"--release {bad[0]}: expected vllm==VERSION or vllm-ascend==VERSION")
     wanted = [tuple(r.split("==", 1)) for r in a.release] or (
         [("vllm", v) for v in VLLM_RELEASES] + [("vllm-ascend", v) for v in ASCEND_RELEASES])
     opened: dict[Path, Sdist] = {}
