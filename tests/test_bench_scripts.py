@@ -63,7 +63,7 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> str:
 
 def test_every_script_has_a_smoke_run():
     tested = {"apply_vs_git_am.py", "audit_speed.py", "build_vs_cp.py", "kv_event_shapes.py", "pick_vs_cherry_pick.py",
-              "rebase_vs_git_rebase.py", "watch_all_releases.py"}
+              "rebase_vs_git_rebase.py", "upstream_truth.py", "watch_all_releases.py"}
     assert set(SCRIPTS) == tested, "a new bench/ script needs its smoke run here"
 
 
@@ -100,6 +100,12 @@ def test_pick_vs_cherry_pick(cache):
                str(cache.root)], environ(cache))
     assert re.search(r"^kvforge pick\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+applies\s+present\s+present$", out, re.M), out
     assert re.search(r"^git cherry-pick -x\s+[\d.]+\s", out, re.M) and "ratio kvforge/by hand" in out, out
+
+
+def test_upstream_truth(cache):
+    out = run([sys.executable, str(BENCH / "upstream_truth.py"), "--downloads", str(cache.downloads),
+               "--release", "vllm==0.33.0"], environ(cache))
+    assert re.search(r"^\| vllm \| 0\.33\.0 \| eagle-lookahead-block-hashes \| upstream \|", out, re.M), out
 
 
 def test_watch_all_releases(cache):
