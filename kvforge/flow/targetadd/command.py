@@ -25,8 +25,8 @@ from kvforge.flow.targetadd.commit import discard
 from kvforge.flow.targetadd.components import drive
 from kvforge.flow.targetadd.plan import check_name, from_target_of, plan_target, target_of
 from kvforge.flow.targetadd.result import TargetAddResult
-from kvforge.flow.targetadd.state import AddState, load_state, lock, own_dir, pending_names, save_state, \
-    valid_name
+from kvforge.flow.targetadd.state import AddState, UnreadableState, load_state, lock, own_dir, pending_names, \
+    save_state, valid_name
 from kvforge.git.context import Context, Progress, quiet
 from kvforge.project.targets import display_path, load_target, project_root
 from kvforge.project.transaction import dir_digest, file_digest, open_transaction, text_digest
@@ -57,7 +57,7 @@ def add(cache: Cache, version: str, *, from_target: str | None = None, as_name: 
     if os.environ.get("KVFORGE_OFFLINE"):
         raise KvforgeError("target add reads the package index (sha256 pins, wheels, the matching vllm-ascend "
                            "release) and $KVFORGE_OFFLINE is set; run it online", EXIT_NETWORK)
-    with lock(cache, name, progress, transient=dry_run):
+    with lock(cache, name, progress):
         if load_state(cache, name) is not None:
             raise KvforgeError(f"a target add of {name} is in progress; `kvforge target add --continue --as {name}` "
                                f"or `--abort --as {name}`", EXIT_USAGE)
@@ -83,6 +83,7 @@ def add_continue(cache: Cache, name: str | None = None, progress: Progress = qui
     start = time.monotonic()
     root = project_root()
     name = _which(cache, root, name, "skip" if skip_patch else "continue")
+    _require(cache, root, name)  # read-only: a refusal changes nothing, not even the cache's lock file
     with lock(cache, name, progress):
         ta = _require(cache, root, name)
         old = load_target(ta.from_target, root) if ta.from_target else None
@@ -102,12 +103,17 @@ def add_abort(cache: Cache, name: str | None = None, progress: Progress = quiet)
     the commit, the files it wrote are removed only where they are still exactly its own output)."""
     root = project_root()
     name = _which(cache, root, name, "abort")
+    try:
+        _require(cache, root, name)  # read-only: a refusal changes nothing, not even the cache's lock file
+    except UnreadableState:
+        if own_dir(cache, name) is None:
+            raise
     with lock(cache, name, progress):
         try:
             ta = _require(cache, root, name)
-        except KvforgeError as exc:
+        except UnreadableState:
             own = own_dir(cache, name)
-            if "unreadable" not in str(exc) or own is None:
+            if own is None:
                 raise
             shutil.rmtree(own)
             return TargetAddResult(name, "", "", "aborted", message=f"target add of {name} aborted (its state was "

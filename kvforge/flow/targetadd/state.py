@@ -30,6 +30,10 @@ STATE_VERSION = 1
 PHASES = ("running", "committing")
 
 
+class UnreadableState(KvforgeError):
+    """A target add state that is not JSON, another version's, or of the wrong types (exit 2)."""
+
+
 @dataclass
 class AddState:
     """target add's own state (the rebase of each component keeps its own, kvforge.flow.rebase.state)."""
@@ -131,7 +135,7 @@ def load_state(cache: Cache, name: str) -> AddState | None:
         if not Path(ta.root).is_absolute():
             raise ValueError(f"root {ta.root[:80]!r} is not an absolute path")
     except (OSError, UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:
-        raise KvforgeError(f"{path}: unreadable target add state ({exc}); {abort}", EXIT_USAGE) from None
+        raise UnreadableState(f"{path}: unreadable target add state ({exc}); {abort}", EXIT_USAGE) from None
     return ta
 
 
@@ -154,10 +158,10 @@ def pending_names(cache: Cache, root: Path) -> list[str]:
 
 
 @contextmanager
-def lock(cache: Cache, name: str, progress: Progress, transient: bool = False) -> Iterator[None]:
-    """One target add of `name` at a time (an unusable cache is one error, EXIT_ENV, first). `transient` (a dry
-    run): a lock file this call made is removed before the lock is released; so every holder checks, once it
-    holds the lock, that the file it locked is still the one at the path, and locks the new one when not."""
+def lock(cache: Cache, name: str, progress: Progress) -> Iterator[None]:
+    """One target add of `name` at a time (an unusable cache is one error, EXIT_ENV, first). A lock file this call
+    made is removed before the lock is released (a dry run or a refusal leaves none); so every holder checks,
+    once it holds the lock, that the file it locked is still the one at the path, and locks the new one when not."""
     cache.writable("targetadd")
     cache.writable("rebase")
     cache.writable("trees", ".work")
@@ -179,7 +183,7 @@ def lock(cache: Cache, name: str, progress: Progress, transient: bool = False) -
                 try:
                     yield
                 finally:
-                    if transient and made:
+                    if made:
                         path.unlink(missing_ok=True)
                 return
         finally:
