@@ -160,7 +160,6 @@ def run(cache: Cache, action: str, version: str | None = None, *, from_target: s
     raise KvforgeError(f"unknown target add action {action!r} (one of {', '.join(ACTIONS)})", EXIT_USAGE)
 
 
-
 def _which(cache: Cache, root: Path, name: str | None, action: str) -> str:
     """--as NAME (checked with the new target's name rule before any path is built from it), or the one target
     add in progress in this project."""

@@ -152,7 +152,6 @@ def _stopped(ta: AddState, new: Target, states: dict[str, State], st: State, sec
     return result
 
 
-
 # ---------------------------------------------------------------- selections on the new base
 
 

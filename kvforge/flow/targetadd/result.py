@@ -117,7 +117,6 @@ class TargetAddResult:
         return "\n".join(out)  # the notes go to stderr as warnings, a stop's message as the error line (cli.finish)
 
 
-
 def result_of(ta: AddState, target: Target, states: dict[str, State], selections: dict[str, dict],
             state: str) -> TargetAddResult:
     root = Path(ta.root)
