@@ -66,8 +66,10 @@ def unreadable_state(d: Path) -> None:
 def a_state(project: Path, **wrong) -> dict:
     """A target add state as kvforge writes it (state_version 1), with the fields in `wrong` replaced."""
     st = os.stat(project)
+    text = (project / "targets" / "v0.20.2rc.toml").read_text().replace('name = "v0.20.2rc"', 'name = "v9.9.9"') \
+        .replace('series = "patches/v0.20.2rc', 'series = "patches/v9.9.9')
     data = {"name": "v9.9.9", "version": "9.9.9", "from_target": "v0.20.2rc", "root": str(project),
-            "root_id": f"{st.st_dev}:{st.st_ino}", "target_text": (project / "targets" / "v0.20.2rc.toml").read_text(),
+            "root_id": f"{st.st_dev}:{st.st_ino}", "target_text": text,
             "components": ["vllm", "vllm-ascend"], "left_out": {}, "upstream": {}, "done": [], "phase": "running",
             "final_text": "", "series_digests": {}, "notes": [], "started": "2026-11-27T00:00:00Z", "try_cpu": False,
             "state_version": 1}
@@ -104,34 +106,39 @@ def test_a_state_dir_that_is_a_symlink_is_not_kvforges_to_remove(project, tmp_pa
     assert tree(outside) == before and tree(tmp_path / "cache") == cache_before
 
 
-WRONG = {  # a field of the state with the wrong type: each was an exception (exit 70) on bb0e3ee
-    "root an int": {"root": 5},
-    "root_id a list": {"root_id": []},
-    "from_target a path": {"from_target": "../../x"},
-    "series_digests' values ints": {"phase": "committing", "series_digests": {"vllm": 1}},
-    "upstream a list": {"upstream": ["vllm"]},
+DEEP = "[" * 100_000  # JSON nested deeper than the parser's recursion limit: bb0e3ee's RecursionError, exit 70
+
+# A field of the state with the wrong type (or a state too deep to parse): each was an internal error (exit 70) on
+# bb0e3ee, where the state was read without checking each field's type.
+WRONG = {"root an int": {"root": 5}, "nested too deep": DEEP}
+WRONG_COMMITTING = {  # --abort of a state in phase "committing" reads these before it removes anything
+    **WRONG,
+    "final_text an int": {"phase": "committing", "final_text": 5},
+    "series_digests a list": {"phase": "committing", "series_digests": ["vllm"]},
 }
+
+
+def write_state(project: Path, path: Path, wrong: dict | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(wrong if isinstance(wrong, str) else json.dumps(a_state(project, **wrong)))
 
 
 @pytest.mark.parametrize("action", ["--continue", "--skip"])
 @pytest.mark.parametrize("wrong", list(WRONG))
 def test_a_wrong_typed_state_is_one_line_exit_2_and_kept(project, tmp_path, action, wrong):
-    state = tmp_path / "cache" / "targetadd" / "v9.9.9" / "state.json"
-    state.parent.mkdir(parents=True)
-    state.write_text(json.dumps(a_state(project, **WRONG[wrong])))
+    write_state(project, tmp_path / "cache" / "targetadd" / "v9.9.9" / "state.json", WRONG[wrong])
     cache_before, project_before = tree(tmp_path / "cache"), tree(project)
     r = kvforge("target", "add", action, "--as", "v9.9.9")
     assert r.exit_code == 2 and one_line(r) and "unreadable target add state" in r.stderr, r.output
     assert tree(tmp_path / "cache") == cache_before and tree(project) == project_before
 
 
-@pytest.mark.parametrize("wrong", list(WRONG))
+@pytest.mark.parametrize("wrong", list(WRONG_COMMITTING))
 def test_abort_of_a_wrong_typed_state_removes_only_its_own_dir(project, tmp_path, wrong):
     """--abort of a wrong-typed state in kvforge's own <cache>/targetadd/NAME removes that directory only (exit 0,
     one line saying so); targets/ and patches/ are untouched."""
     own = tmp_path / "cache" / "targetadd" / "v9.9.9"
-    own.mkdir(parents=True)
-    (own / "state.json").write_text(json.dumps(a_state(project, **WRONG[wrong])))
+    write_state(project, own / "state.json", WRONG_COMMITTING[wrong])
     (tmp_path / "cache" / "targetadd" / "v1.0.0").mkdir()
     (tmp_path / "cache" / "targetadd" / "v1.0.0" / "state.json").write_text("{}")
     project_before = tree(project)

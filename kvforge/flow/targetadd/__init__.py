@@ -12,8 +12,8 @@ rebase library (kvforge.flow.rebase.steps: signals, `git am -3`, stops and resum
 the new base (and the CPU one rescanned statically, kvforge.proof.selection), `lifecycle = "maintained"`, and the one
 write of targets/NAME.toml and every patches/ directory it makes.
 
-State. `<cache>/targetadd/<NAME>/state.json` (this module's: the release, the from-target, the planned target
-file, the components done) plus one rebase state per component (`<cache>/rebase/<NAME>-<component>/`,
+State. `<cache>/targetadd/<NAME>/state.json` (kvforge.flow.targetadd.state: the release, the from-target, the
+planned target file, the components done) plus one rebase state per component (`<cache>/rebase/<NAME>-<component>/`,
 kvforge.flow.rebase.state). It is bound to the project that started it. Nothing in targets/ or patches/ is written
 before every patch of every component is decided; a conflict stops (exit 3) with the worktree named;
 `--continue` takes the resolution, `--abort` removes the state (the project was never touched).

@@ -105,7 +105,7 @@ def _type_problem(data: dict) -> str | None:
         else:
             ok = type(value) is hint
         if not ok:
-            return f"{f.name!r} is {type(value).__name__}, not {getattr(hint, '__name__', str(hint))}"
+            return f"{f.name!r} is not {hint.__name__ if origin is None else hint}"
     return None
 
 
