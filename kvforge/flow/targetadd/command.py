@@ -26,7 +26,7 @@ from kvforge.flow.targetadd.components import drive
 from kvforge.flow.targetadd.plan import check_name, from_target_of, plan_target, target_of
 from kvforge.flow.targetadd.result import TargetAddResult
 from kvforge.flow.targetadd.state import AddState, UnreadableState, load_state, lock, own_dir, pending_names, \
-    save_state, valid_name
+    save_state, ta_dir, valid_name
 from kvforge.git.context import Context, Progress, quiet
 from kvforge.project.targets import display_path, load_target, project_root
 from kvforge.project.transaction import dir_digest, file_digest, open_transaction, text_digest
@@ -106,16 +106,12 @@ def add_abort(cache: Cache, name: str | None = None, progress: Progress = quiet)
     try:
         _require(cache, root, name)  # read-only: a refusal changes nothing, not even the cache's lock file
     except UnreadableState:
-        if own_dir(cache, name) is None:
-            raise
+        _own_or_refuse(cache, name)
     with lock(cache, name, progress):
         try:
             ta = _require(cache, root, name)
         except UnreadableState:
-            own = own_dir(cache, name)
-            if own is None:
-                raise
-            shutil.rmtree(own)
+            shutil.rmtree(_own_or_refuse(cache, name))
             return TargetAddResult(name, "", "", "aborted", message=f"target add of {name} aborted (its state was "
                                    "unreadable and is removed); targets/ and patches/ were not touched")
         new_target = target_of(ta, root)
@@ -172,6 +168,17 @@ def _which(cache: Cache, root: Path, name: str | None, action: str) -> str:
         raise KvforgeError(f"target adds in progress: {', '.join(pending)}; say which: `kvforge target add --{action} "
                            "--as NAME`", EXIT_USAGE)
     return pending[0]
+
+
+def _own_or_refuse(cache: Cache, name: str) -> Path:
+    """The directory of an unreadable state when --abort may remove it (kvforge's own, state.own_dir); else exit 2
+    and nothing is removed."""
+    own = own_dir(cache, name)
+    if own is None:
+        raise KvforgeError(f"{ta_dir(cache, name)}: an unreadable target add state in a directory that is not "
+                           "kvforge's own (a symlink, or not a directory of the cache's targetadd/); nothing was "
+                           "removed", EXIT_USAGE)
+    return own
 
 
 def _require(cache: Cache, root: Path, name: str) -> AddState:
