@@ -491,19 +491,20 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from kvforge.core.cache import Cache
-from kvforge.flow import targetadd
 from kvforge.flow.rebase.state import project_id
+from kvforge.flow.targetadd.commit import write_target
+from kvforge.flow.targetadd.state import AddState, load_state
 from kvforge.project.targets import load_target
 root, cache, name = Path(sys.argv[1]), Cache(Path(sys.argv[2])), "v9.9.9"
 old = load_target("v0.20.2rc", root)
 comps = tuple(replace(c, series_dir=root / "patches" / (name if i == 0 else f"{name}-{c.name}"))
               for i, c in enumerate(old.components))
 final = replace(old, name=name, path=root / "targets" / f"{name}.toml", components=comps)
-ta = targetadd._load(cache, name) or targetadd.AddState(
+ta = load_state(cache, name) or AddState(
     name=name, version="9.9.9", from_target=old.name, root=str(root), root_id=project_id(root), target_text="",
     components=[c.name for c in comps], left_out={}, upstream={c.name: "0123456789ab" for c in comps},
     done=[c.name for c in comps], started="2026-11-27T00:00:00Z")
-print(targetadd._commit(cache, ta, final, {}, {}, print))
+print(write_target(cache, ta, final, {}, {}, print))
 """
 
 
