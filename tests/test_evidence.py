@@ -37,3 +37,29 @@ def test_a_file_that_is_not_a_record_is_a_one_line_error(tmp_path):
     bad.write_text('{"hello": 1}')
     with pytest.raises(KvforgeError, match=r"verify.json: not a kvforge evidence record"):
         evidence.read(bad)
+
+
+RECORD = {"schema": 1, "kind": "verify", "key": {"target": "t", "component": "vllm", "base": "b" * 40,
+                                                 "series": "0" * 16},
+          "name": "", "origin": "series", "platform": "cpu", "ok": True, "created": "2026-11-23T10:00:00+00:00",
+          "data": {"patches": []}}
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"data": []}, "data must be an object, not list"),
+    ({"created": 20261123}, "created must be a string, not int"),
+    ({"ok": "yes"}, "ok must be true or false, not str"),
+    ({"name": None}, "name must be a string, not NoneType"),
+    ({"key": {"target": "t", "component": "vllm", "base": 1, "series": "0"}}, "key must be an object of the strings"),
+    ({"key": ["t", "vllm"]}, "key must be an object of the strings"),
+])
+def test_a_record_with_fields_of_the_wrong_type_is_refused_on_load(tmp_path, change, why):
+    """Type-checked on load (as save writes them): before, these loaded and crashed their readers (report's
+    AttributeError on data, a sort of str against int on created)."""
+    bad = tmp_path / "verify.json"
+    bad.write_text(json.dumps({**RECORD, **change}))
+    with pytest.raises(KvforgeError, match=r"verify.json: not a kvforge evidence record \(") as exc:
+        evidence.read(bad)
+    assert why in str(exc.value) and exc.value.exit_code == 2
+    bad.write_text(json.dumps(RECORD))
+    assert evidence.read(bad).key == evidence.Key("t", "vllm", "b" * 40, "0" * 16)

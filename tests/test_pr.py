@@ -690,6 +690,37 @@ def test_open_reports_a_conflict_and_pushes_nothing(series, tmp_path, monkeypatc
     assert git(fork, "for-each-ref").strip() == "" and not log.exists()
 
 
+@pytest.mark.parametrize("conflict", [True, False], ids=["failed-open", "opened"])
+def test_open_leaves_the_cached_base_as_it_was(series, tmp_path, monkeypatch, conflict):
+    """--open reads the clone's branch for its own run only: a later command without --repo gets the base it had
+    before (here the one fetched from $KVFORGE_VLLM_REPO), not the clone's branch. Before, the clone's tip became
+    the cached base, and a later pick judged "present" against it."""
+    moved = ({"vllm_like/core.py": ("return max(lo, x)", "return max(lo, x)  # upstream changed it")} if conflict
+             else {"README.upstream": ("", "moved on\n")})
+    _up, _fork, clone, head = upstream_and_fork(series, tmp_path, moved)
+    git(clone, "tag", "-f", "v1", head)  # the clone's v1 is upstream's newer tip
+    fake_gh(tmp_path, monkeypatch)
+    assert json.loads(kvforge("base", "-t", "fake", "--json").stdout)["commit"] == series.base
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--repo", str(clone), "--push-to", "fork", "--open")
+    assert res.exit_code == (3 if conflict else 0), res.output
+    monkeypatch.delenv("KVFORGE_VLLM_REPO")
+    after = json.loads(kvforge("base", "-t", "fake", "--json").stdout)
+    assert (after["commit"], after["origin"]) == (series.base, str(series.upstream.resolve()))
+
+
+def test_open_with_a_repo_that_is_not_a_clone_is_exit_2_naming_it(series, tmp_path, monkeypatch):
+    """A directory that is no git repository was a failed fetch (exit 6, network): a bad argument, exit 2."""
+    log = fake_gh(tmp_path, monkeypatch)
+    plain = tmp_path / "not-a-clone"
+    plain.mkdir()
+    (plain / "README").write_text("hello\n")
+    res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--repo", str(plain), "--push-to", "fork", "--open")
+    assert res.exit_code == 2, res.output
+    assert errline(res).startswith(f"kvforge: error: --repo {plain}: not a git clone (")
+    assert not log.exists() and res.stdout == ""
+    assert sorted(p.name for p in plain.iterdir()) == ["README"]
+
+
 def test_open_without_upstream_history_refuses_with_the_command(series, tmp_path, monkeypatch):
     log = fake_gh(tmp_path, monkeypatch)
     res = kvforge("pr", "-t", "fake", "--fix", "clamp-upper", "--open")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers import git, make_patch, write_series
+from test_verify import errline
 
 from kvforge.core import evidence
 from kvforge.core.cache import Cache
@@ -143,6 +144,39 @@ def test_report_bad_target_is_exit_2_one_line(project):
     res = kvforge("report", "-t", "nope", "--json")
     assert res.exit_code == 2
     assert json.loads(res.stdout) == {"error": "--target nope: no such target (known: t)", "exit": 2}
+
+
+def test_report_refuses_a_series_listing_a_patch_that_does_not_exist(project, base_v0202):
+    """It was counted around (exit 0, the patch missing from every figure): one line naming the series file, its
+    line and the patch, exit 2."""
+    cache, base = base_v0202
+    pdir = project / "patches" / "t"
+    make_patch(base.repo, base.commit, {"vllm/v1/core/block_pool.py": ("class BlockPool", "class BlockPoolA")},
+               "[Core] a", "fix-a", pdir / "0001-fix-a.patch")
+    write_series(project, "0001-fix-a.patch", "0002-not-there.patch")
+    res = kvforge("report")
+    assert res.exit_code == 2, res.output
+    line = errline(res)
+    assert f"{pdir / 'series'}:2: 0002-not-there.patch does not exist" in line and res.stdout == ""
+
+
+@pytest.mark.parametrize("data", [[], {"patches": "fix-a"}], ids=["data-a-list", "patches-a-string"])
+def test_report_refuses_a_malformed_verify_record_naming_it(project, base_v0202, data):
+    """A verify record whose data is not what verify writes was an AttributeError (exit 70): now one line naming the
+    record's file, exit 2."""
+    cache, base = base_v0202
+    pdir = project / "patches" / "t"
+    make_patch(base.repo, base.commit, {"vllm/v1/core/block_pool.py": ("class BlockPool", "class BlockPoolA")},
+               "[Core] a", "fix-a", pdir / "0001-fix-a.patch")
+    write_series(project, "0001-fix-a.patch")
+    shutil.rmtree(cache.results / "t", ignore_errors=True)
+    path = evidence.save(cache, evidence.Record("verify", evidence.Key("t", "vllm", base.commit, "0" * 16), ok=True))
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "data": data}))
+    res = kvforge("report")
+    shutil.rmtree(cache.results / "t", ignore_errors=True)
+    assert res.exit_code == 2, res.output
+    assert errline(res).startswith(f"kvforge: error: {path}: not a kvforge ")
 
 
 def _header_counts() -> tuple[Counter, int]:

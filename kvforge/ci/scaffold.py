@@ -19,11 +19,20 @@ DIR in one step. An existing empty DIR (`.` included) is written in place, never
 left in a deleted directory): everything is made in a hidden `DIR/.kvforge-init-PID`, then moved up entry by
 entry; a failure takes back the entries moved. A killed init leaves only a hidden staging directory, which the
 next init removes. Nothing of the user's is touched: a DIR with anything else in it is refused.
+
+Two inits of one DIR at once: the placing step (rename or move up) runs under an exclusive lock on DIR's parent and
+re-checks DIR there, so one init places its whole project and the other is refused (EXIT_USAGE, its staging
+removed). A file system that refuses a write (read-only, permissions, full) is one line, EXIT_ENV, nothing left; a
+DIR or --name too long to be a file name is refused before anything is written (EXIT_USAGE), by the rule kvforge
+applies to target names (kvforge.project.targets.target_name_problem).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -32,6 +41,7 @@ import re
 import shlex
 import shutil
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -44,10 +54,10 @@ from kvforge.git import gitutil
 from kvforge import __version__
 from kvforge.git.bases import ensure_base, pypi_url, release_files
 from kvforge.core.cache import Cache
-from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
+from kvforge.core.errors import EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import crashpoint, remove_stale, sha256_remembered
 from kvforge.core.outcome import Done
-from kvforge.project.targets import TARGET_NAME_RE, parse_target
+from kvforge.project.targets import parse_target, target_name_problem
 
 DATA = DATA / "init"
 UPSTREAMS = ("vllm", "vllm-ascend")
@@ -305,20 +315,16 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
     if upstream not in UPSTREAMS:
         raise KvforgeError(f"--upstream must be one of {', '.join(UPSTREAMS)}, not {upstream!r}", EXIT_USAGE)
     dest = Path(os.path.abspath(dest))
-    in_place = False
-    if dest.exists() or dest.is_symlink():
-        if not dest.is_dir() or dest.is_symlink():
-            raise KvforgeError(f"{dest}: exists and is not a directory; kvforge init makes a new project in a new or "
-                               "empty directory", EXIT_USAGE)
-        remove_stale(dest, STALE_INSIDE)
-        in_place = True
-        if any(dest.iterdir()):
-            raise KvforgeError(f"{dest}: not empty; kvforge init makes a new project only in a new or empty "
-                               "directory (nothing was written)", EXIT_USAGE)
-    if not dest.parent.is_dir():
-        raise KvforgeError(f"{dest.parent}: no such directory (the new project's parent must exist)", EXIT_USAGE)
-    if name is not None and not TARGET_NAME_RE.fullmatch(name):
-        raise KvforgeError(f"--name {name!r}: a target name is letters, digits, '.', '_' and '-'", EXIT_USAGE)
+    if name is not None:
+        problem = target_name_problem(name)
+        if problem is not None:
+            shown = name if len(name) <= 40 else name[:37] + "..."
+            raise KvforgeError(f"--as {shown!r}: the name {problem}", EXIT_USAGE)
+    _check_name_fits(dest)
+    try:
+        in_place = _check_destination(dest)
+    except OSError as exc:
+        raise _write_refused(dest, exc) from None
     if release is not None:
         try:
             Version(release)
@@ -344,9 +350,10 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
     if in_place:
         stage = dest / f".kvforge-init-{os.getpid()}"
     else:
-        remove_stale(dest.parent, STALE.format(name=re.escape(dest.name)))
         stage = dest.parent / f".{dest.name}.kvforge-init-{os.getpid()}"
     try:
+        if not in_place:
+            remove_stale(dest.parent, STALE.format(name=re.escape(dest.name)))
         _write(stage, dest.name, upstream, tname, pins, cmd, plan.wheel, cache, say)
         gitutil.run(stage, "init", "-q", "-b", "main")
         gitutil.run(stage, "add", "-A")
@@ -354,10 +361,20 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
         gitutil.run(stage, "commit", "-q", "-m", f"kvforge init: a patch repository for {upstream} ({what})",
                     env=_author_env(stage))
         crashpoint("init:before-rename")
-        if in_place:
-            _move_up(stage, dest)
-        else:
-            os.rename(stage, dest)  # one step
+        with _placing(dest):
+            _still_free(dest, stage if in_place else None)
+            if in_place:
+                _move_up(stage, dest)
+            else:
+                os.rename(stage, dest)  # one step
+    except OSError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise _write_refused(dest, exc) from None
+    except gitutil.GitError as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        last = (exc.stderr.strip().splitlines() or [str(exc)])[-1]
+        raise KvforgeError(f"{dest}: cannot make the new project's git repository ({last}); nothing was written",
+                           EXIT_ENV) from None
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -368,6 +385,67 @@ def init_project(dest: Path, upstream: str, release: str | None, name: str | Non
             "files": files, "commit": commit,
             "pins": {k: {"package": p.package, "version": p.version, "sha256": p.sha256, "source": p.source}
                      for k, p in pins.items()}}
+
+
+def _check_name_fits(dest: Path) -> None:
+    """DIR's name, with the staging directory's prefix and suffix, must be a file name here (EXIT_USAGE)."""
+    try:
+        most = os.pathconf(dest.parent if dest.parent.is_dir() else "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    extra = len(f"..kvforge-init-{os.getpid()}")
+    size = len(os.fsencode(dest.name))
+    if size + extra > most:
+        shown = dest.name if len(dest.name) <= 40 else dest.name[:37] + "..."
+        raise KvforgeError(f"{dest.parent}/{shown}: the directory name is {size} bytes long (at most {most - extra}: "
+                           f"init stages it beside as .NAME.kvforge-init-PID); nothing was written", EXIT_USAGE)
+
+
+def _check_destination(dest: Path) -> bool:
+    """Whether DIR exists (an empty directory: written in place); a refusal when it cannot be a new project."""
+    if dest.exists() or dest.is_symlink():
+        if not dest.is_dir() or dest.is_symlink():
+            raise KvforgeError(f"{dest}: exists and is not a directory; kvforge init makes a new project in a new or "
+                               "empty directory", EXIT_USAGE)
+        remove_stale(dest, STALE_INSIDE)
+        if any(dest.iterdir()):
+            raise KvforgeError(f"{dest}: not empty; kvforge init makes a new project only in a new or empty "
+                               "directory (nothing was written)", EXIT_USAGE)
+        return True
+    if not dest.parent.is_dir():
+        raise KvforgeError(f"{dest.parent}: no such directory (the new project's parent must exist)", EXIT_USAGE)
+    return False
+
+
+@contextlib.contextmanager
+def _placing(dest: Path) -> Iterator[None]:
+    """An exclusive lock on DIR's parent directory while a project is placed at DIR (two inits of one DIR)."""
+    fd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _still_free(dest: Path, stage: Path | None) -> None:
+    """Under the lock: DIR is still missing (a new DIR) or holds nothing but `stage` (in place)."""
+    if stage is None:
+        taken = dest.exists() or dest.is_symlink()
+    else:
+        taken = any(entry.name != stage.name for entry in dest.iterdir())
+    if taken:
+        raise KvforgeError(f"{dest}: written by another process (another kvforge init?) while this init ran; "
+                           "that is left as it is, nothing of this init was kept", EXIT_USAGE)
+
+
+def _write_refused(where: Path, exc: OSError) -> KvforgeError:
+    """An OSError while writing the new project as one line: a name too long is bad input, anything else (read-only,
+    permissions, a full disk) the environment's."""
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENAMETOOLONG:
+        return KvforgeError(f"{where}: a name too long for this file system ({why}); nothing was written", EXIT_USAGE)
+    return KvforgeError(f"{where}: cannot write the new project ({why}); nothing was written", EXIT_ENV)
 
 
 def _move_up(stage: Path, dest: Path) -> None:

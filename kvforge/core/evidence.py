@@ -82,18 +82,42 @@ def save(cache: Cache, record: Record) -> Path:
     return path
 
 
+KEY_FIELDS = ("target", "component", "base", "series")
+TEXT_FIELDS = {"name": "", "origin": "series", "platform": "cpu", "created": ""}
+
+
 def read(path: Path) -> Record:
-    """One record file, checked: a file that is not a kvforge record is a one-line error."""
+    """One record file, type-checked (every field as `save` writes it): a file that is not a kvforge record, or
+    whose fields have the wrong types, is a one-line error naming it (EXIT_USAGE)."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        if doc.get("schema") != SCHEMA or doc.get("kind") not in RECORD_KINDS:
-            raise ValueError(f"schema {doc.get('schema')!r}, kind {doc.get('kind')!r}")
-        return Record(kind=doc["kind"], key=Key(**doc["key"]), name=doc.get("name", ""),
-                      origin=doc.get("origin", "series"), platform=doc.get("platform", "cpu"),
-                      ok=bool(doc.get("ok")), created=doc.get("created", ""), data=doc.get("data", {}),
-                      path=Path(path))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return _typed(doc, Path(path))
+    except (OSError, ValueError) as exc:
         raise KvforgeError(f"{path}: not a kvforge evidence record ({exc})", EXIT_USAGE) from None
+
+
+def _typed(doc: object, path: Path) -> Record:
+    """A Record from a loaded JSON document; ValueError naming the first field of the wrong type."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+    if doc.get("schema") != SCHEMA or doc.get("kind") not in RECORD_KINDS:
+        raise ValueError(f"schema {doc.get('schema')!r}, kind {doc.get('kind')!r}")
+    key = doc.get("key")
+    if not isinstance(key, dict) or sorted(key) != sorted(KEY_FIELDS) \
+            or not all(isinstance(key[k], str) for k in KEY_FIELDS):
+        raise ValueError(f"key must be an object of the strings {', '.join(KEY_FIELDS)}, not {key!r}"[:200])
+    text = {}
+    for name, default in TEXT_FIELDS.items():
+        value = doc.get(name, default)
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+        text[name] = value
+    ok, data = doc.get("ok", False), doc.get("data", {})
+    if not isinstance(ok, bool):
+        raise ValueError(f"ok must be true or false, not {type(ok).__name__}")
+    if not isinstance(data, dict):
+        raise ValueError(f"data must be an object, not {type(data).__name__}")
+    return Record(kind=doc["kind"], key=Key(**{k: key[k] for k in KEY_FIELDS}), ok=ok, data=data, path=path, **text)
 
 
 def load(cache: Cache, target: str, component: str, series: str | None = None,

@@ -14,7 +14,8 @@ needed, invalid metadata). `trend_row` is one flat JSON object per run that a sc
 (`--format trend`), as patchreview's --json does per commit. docs/report.md documents the schema.
 
 Reads targets, series, ledgers, evidence records and the project's git history; materialises bases into the
-cache (as status --check does). Writes nothing else.
+cache (as status --check does). Writes nothing else. A series file that lists what is not a readable patch, or a
+verify record of the wrong shape, is refused (EXIT_USAGE, one line naming the file), never counted around.
 """
 
 from __future__ import annotations
@@ -181,8 +182,11 @@ def newest_components(targets: list[Target]) -> dict[str, tuple[Target, Componen
 
 
 def _fix_verdicts(rec: evidence.Record) -> dict[str, str]:
-    return {str(p.get("fix_id")): str(p.get("status", "")) for p in rec.data.get("patches", [])
-            if isinstance(p, dict)}
+    patches = rec.data.get("patches", [])
+    if not isinstance(patches, list):
+        raise KvforgeError(f"{rec.path}: not a kvforge verify record (data.patches must be a list, not "
+                           f"{type(patches).__name__})", EXIT_USAGE)
+    return {str(p.get("fix_id")): str(p.get("status", "")) for p in patches if isinstance(p, dict)}
 
 
 def carrying_report(targets: list[Target], every: list[Target], cache: Cache,
@@ -202,6 +206,9 @@ def carrying_report(targets: list[Target], every: list[Target], cache: Cache,
     for t in every:
         for c in t.components:
             s = read_series(c.series_dir)
+            if s.problems:  # a listing kvforge cannot count from (a patch missing, listed twice, not UTF-8)
+                raise KvforgeError(f"{s.problems[0]} (target {t.name}; `kvforge lint` lists every problem); "
+                                   "the report counts only series it can read", EXIT_USAGE)
             series_of[(t.name, c.name)] = s
             for p in s.patches:
                 carried_in.setdefault((c.name, p.fix_id), set()).add(c.release.version)

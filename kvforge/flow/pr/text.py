@@ -27,7 +27,7 @@ from kvforge.flow.pr.sandbox import render_template
 from kvforge.git.bases import Base
 from kvforge.git.context import Context
 from kvforge.git.trees import Stack, open_stack
-from kvforge.project.series import Patch, read_series
+from kvforge.project.series import Patch, Series, read_series
 from kvforge.project.targets import Component, load_all, project_root
 
 
@@ -125,15 +125,18 @@ def pull_request(ctx: Context, fix_id: str, style: str | None = None, template: 
     if style is not None and style not in STYLES:
         raise KvforgeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}", EXIT_USAGE)
     if not ctx.from_rev:  # the series files: a fix with no upstream PR is refused before any tree is built
-        early = read_series(ctx.component.series_dir).by_fix_id().get(fix_id)
-        way = prpolicy.route(ctx.target, ctx.component, early) if early is not None else None
+        files = read_series(ctx.component.series_dir)
+        early = files.by_fix_id().get(fix_id)
+        if early is None:  # an unknown fix needs no base to be refused (offline, nothing cached)
+            raise _no_such_fix(ctx, files, fix_id)
+        way = prpolicy.route(ctx.target, ctx.component, early)
         if way is not None and way.action != "pr":
             raise KvforgeError(f"{fix_id} ({ctx.target.name}, {ctx.component.name}): no upstream PR: {way.reason}",
                                EXIT_USAGE)
     stack = open_stack(ctx)
     n = next((i for i, p in enumerate(stack.series.patches, 1) if p.fix_id == fix_id), None)
     if n is None:
-        raise _no_such_fix(ctx, stack, fix_id)
+        raise _no_such_fix(ctx, stack.series, fix_id)
     patch = stack.series.patches[n - 1]
     way = prpolicy.route(ctx.target, ctx.component, patch)
     if style is not None and style != way.style:
@@ -242,7 +245,7 @@ def _github_repo(url: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _no_such_fix(ctx: Context, stack: Stack, fix_id: str) -> KvforgeError:
+def _no_such_fix(ctx: Context, series: Series, fix_id: str) -> KvforgeError:
     name = ctx.target.name
     entry = next((e for e in ctx.component.in_base if e.fix_id == fix_id), None)
     if entry is not None:
@@ -256,7 +259,7 @@ def _no_such_fix(ctx: Context, stack: Stack, fix_id: str) -> KvforgeError:
                 carried.append(t.name)
     except KvforgeError:
         pass
-    have = f"it has: {', '.join(p.fix_id for p in stack.series.patches)}" if stack.series.patches else "it is empty"
+    have = f"it has: {', '.join(p.fix_id for p in series.patches)}" if series.patches else "it is empty"
     where = f"; carried by {', '.join(carried)}" if carried else ""
     return KvforgeError(f"{name}: no patch with Fix-Id {fix_id!r} in its series ({have}), and "
                         f"targets/{name}.toml lists no in_base entry for it{where}", EXIT_USAGE)
