@@ -12,7 +12,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
-from kvforge.git.bases import release_files
+from kvforge.core.index import pypi_url, refuse_offline, release_files
 from kvforge.git.context import Context
 from kvforge.project.targets import ARCHES, Component, WheelPin
 
@@ -63,6 +63,8 @@ def wheels_to_build(ctx: Context, arch: str | None) -> list[tuple[WheelPin, bool
             out += [(w, True) for w in pins]
             continue
         if chosen is None:
+            refuse_offline(f"{ctx.target.path.name} pins no {a} release wheel for {comp.name}; choosing one reads "
+                           f"{comp.release.package} {comp.release.version}'s files from the package index {pypi_url()}")
             ctx.say(f"{ctx.target.path.name}: no {a} wheel pinned for {comp.name}; choosing from the index's file list")
             # the same upload as the wheels it does pin (v0.20.1 pins the first upload, not the -1- rebuild)
             uploads = {(parse_wheel_filename(w.filename)[2] or (0,))[0] for w in comp.wheels}
