@@ -20,7 +20,7 @@ Invariants:
   caller sees the document; a field that is missing or null is unknown (None), except `filename`;
 - `$KVFORGE_OFFLINE` set: no request is made at all; each question is refused with one line
   "offline ($KVFORGE_OFFLINE=1): <what it would fetch>", exit 6 (callers that keep a cached answer, such as a
-  downloaded sdist, check it first);
+  downloaded sdist, check it first); a file:// index (a mirror in a directory) is still read: that is no request;
 - every request has a timeout; a network failure is one line naming the URL and the reason, exit 6;
 - a downloaded file gets its final name only complete and matching its sha256 (written as
   .<name>.<pid>.part beside it, which fsutil.remove_stale sweeps once that pid is dead).
@@ -61,9 +61,10 @@ def offline() -> bool:
     return bool(os.environ.get("KVFORGE_OFFLINE"))
 
 
-def refuse_offline(what: str) -> None:
-    """Raise the offline refusal (exit 6) naming `what` would be fetched, when $KVFORGE_OFFLINE is set."""
-    if offline():
+def refuse_offline(what: str, url: str) -> None:
+    """Raise the offline refusal (exit 6) naming `what` would be fetched from `url`, when $KVFORGE_OFFLINE is set
+    (a file:// URL is a directory on this machine, a mirror of the index: reading it is no request)."""
+    if offline() and urllib.parse.urlsplit(url).scheme != "file":
         raise KvforgeError(f"offline ($KVFORGE_OFFLINE=1): {what}", EXIT_NETWORK)
 
 
@@ -193,7 +194,7 @@ def releases(package: str, *, missing_ok: bool = False) -> Releases | None:
     """Every release of `package` with its files (one read of {index}/pypi/<package>/json). None: the index
     does not know the package (HTTP 404) and `missing_ok`; otherwise that is exit 6 like any failure."""
     url = f"{pypi_url()}/pypi/{package}/json"
-    refuse_offline(f"{package}'s releases from the package index {url}")
+    refuse_offline(f"{package}'s releases from the package index {url}", url)
     meta = _read_json(url, missing_ok)
     return None if meta is None else parse_releases(package, url, meta)
 
@@ -236,7 +237,7 @@ def download_pinned(url: str, dest: Path, size: int, want: str | None, say: Prog
     `want` (when given), then renamed, so only a complete, verified file ever has its final name. Offline,
     network failures and a mismatch are EXIT_NETWORK, a write the cache refuses EXIT_ENV. `mb_digits` and
     `pinned` only word the progress line and the mismatch error."""
-    refuse_offline(f"{dest.name} from {url}")
+    refuse_offline(f"{dest.name} from {url}", url)
     downloads = dest.parent
     tmp = downloads / f".{dest.name}.{os.getpid()}.part"
     say(f"downloading {dest.name} ({size / 1e6:.{mb_digits}f} MB) from {urllib.parse.urlsplit(url).netloc}")

@@ -361,7 +361,7 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
             return dest
         say(f"{dest} does not match the pinned sha256; downloading it again")
     refuse_offline(f"the sdist {rel.filename} of {component.name} ({rel.package}=={rel.version}) is not in the "
-                   f"cache ({downloads}); the package index {pypi_url()} would be asked for it")
+                   f"cache ({downloads}); the package index {pypi_url()} would be asked for it", pypi_url())
     url, expected, size = _sdist_url(rel)
     if rel.sha256 and expected and rel.sha256 != expected:
         raise KvforgeError(f"{rel.filename}: the index says sha256 {expected}, the target pins {rel.sha256}",

@@ -26,6 +26,8 @@ def choose_wheels(package: str, version: str, upload: int | None = None) -> dict
     other commits than the release's sdist (0.20.1-1 and 0.21.0-1: `vllm/_version.py` says ad7125a43 where
     0.21.0's sdist and first wheels say 9da56fd18), and an overlay must sit on the sdist's commit
     (`check_same_commit` refuses any other). The one choice rebase, target add and watch make."""
+    refuse_offline(f"choosing the release wheels of {package} {version} reads its files from the package index "
+                   f"{pypi_url()}", pypi_url())
     _index, files = release_files(package, version)
     best: dict[str, tuple[tuple, WheelPin]] = {}
     for f in files:
@@ -63,8 +65,6 @@ def wheels_to_build(ctx: Context, arch: str | None) -> list[tuple[WheelPin, bool
             out += [(w, True) for w in pins]
             continue
         if chosen is None:
-            refuse_offline(f"{ctx.target.path.name} pins no {a} release wheel for {comp.name}; choosing one reads "
-                           f"{comp.release.package} {comp.release.version}'s files from the package index {pypi_url()}")
             ctx.say(f"{ctx.target.path.name}: no {a} wheel pinned for {comp.name}; choosing from the index's file list")
             # the same upload as the wheels it does pin (v0.20.1 pins the first upload, not the -1- rebuild)
             uploads = {(parse_wheel_filename(w.filename)[2] or (0,))[0] for w in comp.wheels}

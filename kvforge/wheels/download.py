@@ -17,7 +17,7 @@ from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import remember_sha256, remembered_sha256, remove_stale, sha256_file, sha256_memo, stat_stamp
 from kvforge.core.wheel import Member, read_member
-from kvforge.core.index import download_pinned, pypi_url, refuse_offline, release_files
+from kvforge.core.index import download_pinned, release_files
 from kvforge.git.bases import STALE_DOWNLOAD, Base, Progress, parse_commit_id
 from kvforge.project.targets import Component, WheelPin
 
@@ -33,8 +33,6 @@ def download_wheel(component: Component, cache: Cache, say: Progress, pin: Wheel
     dest = downloads / pin.filename
     if dest.is_file():
         return dest  # its sha256 is checked while the overlay reads it (check_download)
-    refuse_offline(f"the release wheel {pin.filename} is not in the cache ({downloads}); the package index "
-                   f"{pypi_url()} would be asked for it")
     index, files = release_files(component.release.package, component.release.version)
     entry = next((f for f in files if f.get("filename") == pin.filename and isinstance(f.get("url"), str)), None)
     if entry is None:
