@@ -52,7 +52,8 @@ from packaging.version import InvalidVersion, Version
 from kvforge import DATA
 from kvforge.git import gitutil
 from kvforge import __version__
-from kvforge.git.bases import ensure_base, pypi_url, release_files
+from kvforge.git.bases import ensure_base
+from kvforge.core.index import pypi_url, release_files
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import crashpoint, remove_stale, sha256_remembered

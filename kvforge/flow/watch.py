@@ -23,17 +23,14 @@ conflict, a disagreement, missing wheels, or a row that failed; a row's network 
 
 from __future__ import annotations
 
-import http.client
-import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
-from kvforge.git.bases import pypi_url
+from kvforge.core import index
+from kvforge.core.index import pypi_url
 from kvforge.wheels.choose import choose_wheels
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context
@@ -65,40 +62,26 @@ class IndexRelease:
 
 
 def index_releases(package: str) -> list[IndexRelease]:
-    """Every release of `package` on the package index, oldest first (versions that do not parse are left
-    out). One read of PyPI's JSON API ({index}/pypi/{package}/json); a package the index does not know
-    is []; an unreachable index is EXIT_NETWORK."""
-    url = f"{pypi_url()}/pypi/{package}/json"
-    try:
-        with urllib.request.urlopen(url, timeout=60) as resp:
-            meta = json.load(resp)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return []
-        raise KvforgeError(f"cannot read the package index {url}: HTTP {exc.code}", EXIT_NETWORK) from None
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        reason = str(getattr(exc, "reason", None) or exc).splitlines()
-        raise KvforgeError(f"cannot read the package index {url}: {reason[0] if reason else type(exc).__name__}",
-                           EXIT_NETWORK) from None
-    releases = meta.get("releases") if isinstance(meta, dict) else None
-    if not isinstance(releases, dict):
-        raise KvforgeError(f"the package index {url} has no \"releases\" table (not PyPI's JSON API?)", EXIT_NETWORK)
+    """Every release of `package` on the package index, oldest first (versions that do not parse and releases
+    without files are left out): kvforge.core.index.releases, one read of PyPI's JSON API, every field
+    checked. A package the index does not know is []; offline, an unreachable index or a malformed answer
+    is EXIT_NETWORK."""
+    found = index.releases(package, missing_ok=True)
+    if found is None:
+        return []
     out: list[tuple[Version, IndexRelease]] = []
-    for ver, files in releases.items():
+    for ver, files in found.files.items():
         try:
             parsed = Version(ver)
         except InvalidVersion:
             continue
-        files = [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
         if not files:
             continue
-        sdist = next((f for f in files if f.get("packagetype") == "sdist"), None)
-        sha = ((sdist or {}).get("digests") or {}).get("sha256")
+        sdist = next((f for f in files if f.packagetype == "sdist"), None)
         first = sdist or files[0]
-        out.append((parsed, IndexRelease(package, ver, (sdist or {}).get("filename"),
-                                         sha if isinstance(sha, str) else None,
-                                         first.get("upload_time_iso_8601") or first.get("upload_time"),
-                                         all(bool(f.get("yanked")) for f in files))))
+        out.append((parsed, IndexRelease(package, ver, sdist.filename if sdist else None,
+                                         sdist.sha256 if sdist else None, first.uploaded,
+                                         all(f.yanked for f in files))))
     return [r for _v, r in sorted(out, key=lambda x: x[0])]
 
 

@@ -36,9 +36,6 @@ if it cannot be removed, the error names the command that removes it (the cache 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import http.client
-import json
 import os
 import re
 import shlex
@@ -46,17 +43,16 @@ import shutil
 import signal
 import tarfile
 import time
-import urllib.parse
-import urllib.request
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Callable
 
 from kvforge.git import gitutil
 from kvforge.core.cache import REF_IMPORT, Cache, write_error
 from kvforge.core.errors import EXIT_ENV, EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import crashpoint, file_lock, remove_stale, sha256_remembered
+from kvforge.core.index import download_pinned, pypi_url, refuse_offline, releases
 from kvforge.core.outcome import Done
 from kvforge.project.targets import Component, Release
 
@@ -86,10 +82,6 @@ class Base:
     # The upstream commit the release was built from, as the sdist records it (vllm/_version.py
     # `__commit_id__`, abbreviated, e.g. "bc150f502"); for a git base its commit; None when unknown.
     upstream_commit: str | None = None
-
-
-def pypi_url() -> str:
-    return os.environ.get("KVFORGE_PYPI_URL", "https://pypi.org").rstrip("/")
 
 
 def ensure_base(component: Component, cache: Cache, source: str = "auto", repo_url: str | None = None,
@@ -357,11 +349,6 @@ def _move_objects(work: Path, path: Path) -> None:
                 os.replace(obj, dst / d.name / obj.name)
 
 
-def _network_reason(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", None) or exc
-    return str(reason).splitlines()[0] if str(reason) else type(exc).__name__
-
-
 def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
     """Fetch the release archive into the cache; only a fully verified file ever gets its final name."""
     rel = component.release
@@ -373,6 +360,8 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
         if not rel.sha256 or sha256_remembered(dest) == rel.sha256:
             return dest
         say(f"{dest} does not match the pinned sha256; downloading it again")
+    refuse_offline(f"the sdist {rel.filename} of {component.name} ({rel.package}=={rel.version}) is not in the "
+                   f"cache ({downloads}); the package index {pypi_url()} would be asked for it", pypi_url())
     url, expected, size = _sdist_url(rel)
     if rel.sha256 and expected and rel.sha256 != expected:
         raise KvforgeError(f"{rel.filename}: the index says sha256 {expected}, the target pins {rel.sha256}",
@@ -380,104 +369,14 @@ def download_sdist(component: Component, cache: Cache, say: Progress) -> Path:
     return download_pinned(url, dest, size, rel.sha256 or expected, say)
 
 
-def download_pinned(url: str, dest: Path, size: int, want: str | None, say: Progress, *, mb_digits: int = 1,
-                    pinned: str = "") -> Path:
-    """Download `url` to `dest` (in the cache's downloads/) for the release archives (sdists, here) and
-    wheels (build): written as .<name>.<pid>.part beside it (removed by remove_stale once that pid is
-    dead), checked against `size` (when known) and the sha256 `want` (when given), then renamed, so
-    only a complete, verified file ever has its final name. Network failures are EXIT_NETWORK, a
-    write the cache refuses EXIT_ENV. `mb_digits` and `pinned` only word the progress line and the
-    mismatch error."""
-    downloads = dest.parent
-    tmp = downloads / f".{dest.name}.{os.getpid()}.part"
-    say(f"downloading {dest.name} ({size / 1e6:.{mb_digits}f} MB) from {urllib.parse.urlsplit(url).netloc}")
-    try:
-        with _writing(downloads):
-            out = open(tmp, "wb")
-        with out:
-            got, digest = _receive(url, out, size, say, downloads)
-            with _writing(downloads):
-                out.flush()
-                os.fsync(out.fileno())
-        if size and got != size:
-            raise KvforgeError(f"{dest.name}: download truncated ({got} of {size} bytes)", EXIT_NETWORK)
-        if want and digest != want:
-            raise KvforgeError(f"{dest.name}: sha256 {digest} does not match {pinned}{want}", EXIT_NETWORK)
-        crashpoint("download:written")
-        with _writing(downloads):
-            os.replace(tmp, dest)
-        crashpoint("download:renamed")
-    except OSError as exc:  # closing a file the disk refused
-        raise write_error(downloads, exc) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-    return dest
-
-
-def _receive(url: str, out: BinaryIO, size: int, say: Progress, downloads: Path) -> tuple[int, str]:
-    """Copy `url` into `out`: network failures are EXIT_NETWORK, a refused write is the cache's (EXIT_ENV)."""
-    h = hashlib.sha256()
-    got = 0
-    last = time.monotonic()
-    try:
-        resp = urllib.request.urlopen(url, timeout=120)
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        raise KvforgeError(f"cannot download {url}: {_network_reason(exc)}", EXIT_NETWORK) from None
-    with resp:
-        while True:
-            try:
-                chunk = resp.read(1 << 20)
-            except (OSError, http.client.HTTPException) as exc:
-                raise KvforgeError(f"cannot download {url}: {_network_reason(exc)}", EXIT_NETWORK) from None
-            if not chunk:
-                break
-            with _writing(downloads):
-                out.write(chunk)
-            h.update(chunk)
-            got += len(chunk)
-            if time.monotonic() - last > 2:
-                say(f"  {got / 1e6:.1f} / {size / 1e6:.1f} MB")
-                last = time.monotonic()
-    return got, h.hexdigest()
-
-
-def release_files(package: str, version: str) -> tuple[str, list[dict]]:
-    """PyPI's JSON for one release: (the index URL read, the release's file entries; [] if none).
-    The one reader of the package index: sdists (here), wheels (build) and new bases (rebase)."""
-    index, releases = _releases(package)
-    files = releases.get(version) if isinstance(releases, dict) else None
-    return index, [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
-
-
-def release_versions(package: str) -> list[str]:
-    """Every version the package index lists for `package` that has at least one file (index order)."""
-    _index, releases = _releases(package)
-    return [v for v, files in releases.items() if isinstance(files, list) and files] \
-        if isinstance(releases, dict) else []
-
-
-def _releases(package: str) -> tuple[str, object]:
-    """(the index URL read, its "releases" mapping) of PyPI's JSON for `package`."""
-    index = f"{pypi_url()}/pypi/{package}/json"
-    try:
-        with urllib.request.urlopen(index, timeout=60) as resp:
-            meta = json.load(resp)
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        raise KvforgeError(f"cannot read the package index {index}: {_network_reason(exc)}", EXIT_NETWORK) from None
-    return index, meta.get("releases") if isinstance(meta, dict) else None
-
-
 def _sdist_url(rel: Release) -> tuple[str, str | None, int]:
-    index, files = release_files(rel.package, rel.version)
-    for f in files:
-        if f.get("packagetype") == "sdist" and f.get("filename") == rel.filename \
-                and isinstance(f.get("url"), str):
-            digests = f.get("digests")
-            sha = digests.get("sha256") if isinstance(digests, dict) else None
-            size = f.get("size")
-            return urllib.parse.urljoin(index, f["url"]), sha if isinstance(sha, str) else None, \
-                size if isinstance(size, int) else 0
+    """(url, the index's sha256, size) of the release's sdist, from the index's checked file list."""
+    found = releases(rel.package)
+    assert found is not None, "releases() without missing_ok returns a document or raises"
+    index = found.url
+    for f in found.files.get(rel.version, ()):
+        if f.packagetype == "sdist" and f.filename == rel.filename and f.url:
+            return f.url, f.sha256, f.size or 0
     raise KvforgeError(f"{index}: no sdist {rel.filename} for {rel.package}=={rel.version}", EXIT_NETWORK)
 
 

@@ -12,7 +12,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
-from kvforge.git.bases import release_files
+from kvforge.core.index import pypi_url, refuse_offline, release_files
 from kvforge.git.context import Context
 from kvforge.project.targets import ARCHES, Component, WheelPin
 
@@ -26,6 +26,8 @@ def choose_wheels(package: str, version: str, upload: int | None = None) -> dict
     other commits than the release's sdist (0.20.1-1 and 0.21.0-1: `vllm/_version.py` says ad7125a43 where
     0.21.0's sdist and first wheels say 9da56fd18), and an overlay must sit on the sdist's commit
     (`check_same_commit` refuses any other). The one choice rebase, target add and watch make."""
+    refuse_offline(f"choosing the release wheels of {package} {version} reads its files from the package index "
+                   f"{pypi_url()}", pypi_url())
     _index, files = release_files(package, version)
     best: dict[str, tuple[tuple, WheelPin]] = {}
     for f in files:

@@ -17,7 +17,8 @@ from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import remember_sha256, remembered_sha256, remove_stale, sha256_file, sha256_memo, stat_stamp
 from kvforge.core.wheel import Member, read_member
-from kvforge.git.bases import STALE_DOWNLOAD, Base, Progress, download_pinned, parse_commit_id, release_files
+from kvforge.core.index import download_pinned, release_files
+from kvforge.git.bases import STALE_DOWNLOAD, Base, Progress, parse_commit_id
 from kvforge.project.targets import Component, WheelPin
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from kvforge.git import gitutil
-from kvforge.git.bases import download_pinned, pypi_url, release_files, release_versions
+from kvforge.core.index import download_pinned, pypi_url, release_files, release_versions
 from kvforge.wheels.choose import choose_wheels
 from kvforge.git.context import Context, Progress, quiet
 from kvforge.core.errors import EXIT_NETWORK, EXIT_USAGE, KvforgeError
