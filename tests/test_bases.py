@@ -246,6 +246,8 @@ def kvforge_env(project: Path, cache: Path | None, **extra: str) -> dict:
     if cache is not None:
         env["KVFORGE_CACHE"] = str(cache)
     env.update(extra)
+    if "KVFORGE_PYPI_URL" in extra:  # a test serving its own package index asks it: online (offline asks nothing)
+        env.pop("KVFORGE_OFFLINE")
     return env
 
 

@@ -690,8 +690,9 @@ REAL = "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"
 
 
 @pytest.mark.slow
-def test_real_release_wheel_overlay_is_reproducible_and_installs(tmp_path):
+def test_real_release_wheel_overlay_is_reproducible_and_installs(tmp_path, monkeypatch):
     """vLLM's 244 MB wheel (downloaded once into the user cache): two overlays, equal bytes, RECORD checks."""
+    monkeypatch.delenv("KVFORGE_OFFLINE", raising=False)  # the module's `overlaid` fixture sets it
     from kvforge.project.targets import load_target
 
     from conftest import REPO_ROOT
@@ -765,10 +766,11 @@ def test_build_out_on_a_full_disk_is_exit_5_with_one_line(project, base_v0202, t
 
 
 @pytest.mark.slow
-def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_list():
+def test_choose_wheels_takes_each_architecture_and_the_highest_build_from_pypis_list(monkeypatch):
     """PyPI's real file lists: vLLM 0.20.2 (manylinux_2_35), 0.21.0 (manylinux_2_24, re-released as build 1 from another commit: the first upload is chosen
     beside the first upload) and 0.22.0 (manylinux_2_28): one pin per architecture, never by the previous
     release's file name."""
+    monkeypatch.delenv("KVFORGE_OFFLINE", raising=False)  # the module's `overlaid` fixture sets it
     got = {v: kchoose.choose_wheels("vllm", v) for v in ("0.20.2", "0.21.0", "0.22.0")}
     assert {v: sorted(p) for v, p in got.items()} == {v: ["aarch64", "x86_64"] for v in got}
     assert got["0.20.2"]["x86_64"].filename == "vllm-0.20.2-cp38-abi3-manylinux_2_35_x86_64.whl"

@@ -7,7 +7,7 @@ once per package and run), which releases count as new for a component (`new_rel
 (table, markdown, JSON; one markdown body per release for the scheduled workflow's issue) and its status.
 Not owned here: the rebase (kvforge.flow.rebase, called with dry_run=True: it writes only the cache, never
 patches/ or targets/), the signals and Drop-When (kvforge.flow.upstream, read from the rebase's steps), the
-wheel choice (kvforge.wheels.choose.choose_wheels), the downloads (kvforge.git.bases: cached, sha256-checked).
+wheel choice (kvforge.wheels.choose.choose_wheels), the downloads (kvforge.core.index: cached, sha256-checked).
 
 `--apply` (`apply=True`): for each new vLLM release that is clean for every target moving to it and that no
 target has yet, `kvforge target add VERSION --from T` (kvforge.flow.targetadd; T: the newest watched target it is clean for): the

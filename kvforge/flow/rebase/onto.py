@@ -117,7 +117,7 @@ class ReleasePins:
 
 def release_pins(package: str, version: str) -> ReleasePins | None:
     """The pins of `package`==`version` from the package index (None: the index has no such release or no sdist
-    of it). Network problems are KvforgeError exit 6 (bases.release_files)."""
+    of it). Network problems are KvforgeError exit 6 (kvforge.core.index.release_files)."""
     index, files = release_files(package, version)
     rel = Release(package, version)
     sha = _sha_of(files, rel.filename) if files else None
