@@ -317,7 +317,7 @@ def without_fix(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Verdict:
     where = f" (evidence: {run.log})" if run.log else ""
     if behaviour:
         n = behaviour[0]
-        line = run.lines.get(n)
+        line = next((v for k, v in run.lines.items() if k == n or k.startswith(n + "[")), None)
         at = f" at {line}" if line else ""
         return Verdict(NEEDED, f"{len(behaviour)} of {total} Checks fail without the fix: {n}{at}: "
                                f"{kinds[n][2][:160]}{where}", run.log, run.cached)
