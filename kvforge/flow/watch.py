@@ -566,26 +566,29 @@ def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget)
         if v.state == behaviour.UPSTREAM:
             p.decision, p.why = behaviour.UPSTREAM, v.detail
             continue
-        if v.state != behaviour.NEEDED:
-            p.decision, p.why = "needs a person", f"{v.state}: {v.detail}" if v.state == behaviour.UNSURE else v.detail
+        said = f"{v.state} ({v.detail.split(' (evidence')[0]})"
+        if v.state == behaviour.BUDGET:
+            p.decision, p.why = "needs a person", v.detail
             continue
-        ctx.say(f"watch: {p.fix_id} is needed on {r.version}: porting its nearest variant")
+        # Needed, or the series' own Checks cannot run there: a variant's Checks, failing without it and passing
+        # with it on the release, prove both that the fix is needed and the port.
+        ctx.say(f"watch: {p.fix_id} on {r.version}: {v.state}; porting its nearest variant")
         got = behaviour.port(new_ctx, nb, old_commit, variants(ctx, patch, r.version), budget)
         p.port = {"state": got.state, "detail": got.detail, "source": got.source, "patch_file": got.patch_file,
                   "conflict": got.conflict}
         if got.state == "port proven":
             p.decision = "port proven"
-            p.why = (f"needed ({v.detail.split(' (evidence')[0]}); {got.detail}; ready: {got.patch_file} "
-                     f"(kvforge target add {r.version} --from {ctx.target.name}, then take it for {p.name})")
+            p.why = (f"{said}; {got.detail}; ready: {got.patch_file} (kvforge target add {r.version} --from "
+                     f"{ctx.target.name}, then `git am -3` it in place of {p.name})")
         else:
-            p.decision, p.why = "needs a person", f"needed ({v.detail.split(' (evidence')[0]}); {got.detail}"
+            p.decision, p.why = "needs a person", f"{said}; {got.detail}"
 
 
 def variants(ctx: Context, patch: Patch, version: str) -> list[behaviour.Variant]:
     """Every variant of the patch's fix in a series of the same component (the patch's own included), the one
     whose target's release is nearest `version` first (ties: the newer release)."""
     want = Version(version)
-    found: list[tuple[tuple[int, float, int], behaviour.Variant]] = []
+    found: list[tuple[tuple[float, int, int], behaviour.Variant]] = []
     for t in load_all():
         comp = next((x for x in t.components if x.name == ctx.component.name), None)
         if comp is None:
@@ -604,8 +607,7 @@ def variants(ctx: Context, patch: Patch, version: str) -> list[behaviour.Variant
             # Its preimages, where the cache already holds its base (nothing is imported for them: a blob it lacks
             # is one git am -3 says it lacks).
             repo = ctx.cache.repos / f"{comp.name}-{'git' if ctx.source == 'git' else 'sdist'}.git"
-            distance = abs((rel.release + (0, 0, 0))[1] - (want.release + (0, 0, 0))[1]) * 1000 + \
-                abs((rel.release + (0, 0, 0))[2] - (want.release + (0, 0, 0))[2])
+            distance = abs(_position(rel) - _position(want))
             newer_first = 0 if rel >= want else 1
             found.append(((distance, newer_first, 0 if t.name != ctx.target.name else 1),
                           behaviour.Variant(t.name, comp.release.version, q, repo if repo.is_dir() else None)))
@@ -616,3 +618,9 @@ def variants(ctx: Context, patch: Patch, version: str) -> list[behaviour.Variant
             seen.add(v.patch.sha256)
             out.append(v)
     return out
+
+
+def _position(v: Version) -> float:
+    """A release's place on one line: major * 1e6 + minor * 1e3 + micro (0.20.2 is nearer 0.22.0 than 0.20.1 is)."""
+    r = v.release + (0, 0, 0)
+    return r[0] * 1e6 + r[1] * 1e3 + r[2]
