@@ -21,7 +21,7 @@ from kvforge.core.errors import KvforgeError
 from kvforge.flow import behaviour
 from kvforge.flow.behaviour import Budget, Variant
 from kvforge.flow.upstream import NewBase
-from kvforge.flow.watch import checks_budget
+from kvforge.flow.watch import checks_budget, upstream_clone
 from kvforge.git.context import Context
 from kvforge.project.series import parse_patch
 
@@ -185,3 +185,36 @@ def test_a_real_conflict_becomes_a_proven_port(tmp_path):
     assert "main's variant applies" in line and "ready: " in line
     assert "0 rows need a person" in again.stdout
     assert "its Checks without the fix" in again.stderr and "pytest" not in again.stderr  # all from the cache
+
+
+def test_history_answers_first_with_a_clone(fake, monkeypatch):
+    """--source git: a clone of upstream says "upstream" by ancestry (the recorded Upstream-Commit is an ancestor
+    of the release's tag) or by patch-id (a commit since the old base has the patch's); a commit that is not an
+    ancestor, or no match, is no answer (None: the Checks decide). Only with --source git and a local clone."""
+    patch = _patch(fake, fake.base)
+    landed = _release(fake, FIX, "upstream lands the clamp fix")
+    git(fake.upstream, "tag", "v2", landed)
+    elsewhere = _release(fake, {CORE: ("def double(x):", "def double(x):  # a release branch")}, "elsewhere")
+    git(fake.upstream, "tag", "v3", elsewhere)
+    with_commit = parse_patch(Path(patch.path), patch.raw.replace(b"Fix-Id:", f"Upstream-Commit: {landed[:10]}\n"
+                                                                              f"Fix-Id:".encode()))
+    assert behaviour.by_history(fake.upstream, "v2", None, with_commit) == \
+        f"Upstream-Commit {landed[:10]} is an ancestor of v2"
+    assert behaviour.by_history(fake.upstream, "v3", "v1", with_commit) is None  # not an ancestor: no answer
+    same = git(fake.upstream, "commit-tree", git(fake.upstream, "rev-parse", f"{_commit_of(fake, patch)}^{{tree}}").strip(),
+               "-p", fake.base, "-m", "upstream's own commit of the same change").strip()
+    git(fake.upstream, "tag", "v4", same)
+    found = behaviour.by_history(fake.upstream, "v4", "v1", patch)
+    assert found == f"commit {same[:12]} since v1 has the patch's git patch-id --stable", found
+    assert behaviour.by_history(fake.upstream, "v9", "v1", patch) is None  # no such tag
+    ctx = _ctx(fake)
+    assert upstream_clone(ctx) is None  # --source sdist/auto: no history asked
+    assert upstream_clone(Context(ctx.cache, ctx.target, ctx.component, "git")) == fake.upstream
+
+
+def _commit_of(fake, patch) -> str:
+    """The patch applied on the fake base, committed (the same change as the patch, another commit)."""
+    tree = fake.root / "am"
+    git(fake.upstream, "worktree", "add", "-q", "--detach", str(tree), fake.base)
+    git(tree, "am", "-q", str(patch.path))
+    return git(tree, "rev-parse", "HEAD").strip()

@@ -40,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
@@ -525,7 +526,8 @@ def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseR
     chk = Check(t.name, c.name, c.release.version)
     try:
         ctx = Context(cache, t, c, source=source, progress=progress)
-        result = rebase(ctx, r.version, dry_run=True)
+        # A git base is the release's tag (vX.Y.Z, vX.Y.ZrcN: both upstreams tag so); an sdist base the version.
+        result = rebase(ctx, f"v{r.version}" if source == "git" else r.version, dry_run=True)
         chk.patches = _patch_rows(result)
         chk.notes = [n for n in result.notes if not n.startswith("no wheel like")]  # the wheels are said apart
         _decide(ctx, r, chk, budget or behaviour.Budget(None))
@@ -558,8 +560,14 @@ def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget)
     nb = new_base_info(ensure_base(new_comp, ctx.cache, ctx.source, ctx.repo_url, ctx.progress), new_comp)
     by_name = {q.name: q for q in ctx.series().patches}
     old_commit = ctx.base().commit
+    clone = upstream_clone(ctx)
     for p in open_rows:
         patch = by_name[p.name]
+        if clone is not None:  # history first: ancestry and patch-id
+            found = behaviour.by_history(clone, f"v{r.version}", c.ref, patch)
+            if found:
+                p.decision, p.why = "upstream", f"by history ({clone.name}): {found}"
+                continue
         ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix")
         v = behaviour.without_fix(new_ctx, nb, patch, budget)
         p.behaviour, p.evidence = v.state, v.evidence
@@ -582,6 +590,16 @@ def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget)
                      f"{ctx.target.name}, then `git am -3` it in place of {p.name})")
         else:
             p.decision, p.why = "needs a person", f"{said}; {got.detail}"
+
+
+def upstream_clone(ctx: Context) -> Path | None:
+    """With --source git: the local git clone of the component's upstream ($KVFORGE_<COMPONENT>_REPO, e.g.
+    KVFORGE_VLLM_ASCEND_REPO, naming a directory) whose history answers before the Checks; else None."""
+    if ctx.source != "git":
+        return None
+    where = ctx.repo_url or os.environ.get(f"KVFORGE_{ctx.component.name.upper().replace('-', '_')}_REPO")
+    path = Path(where).expanduser() if where else None
+    return path if path is not None and path.is_dir() else None
 
 
 def variants(ctx: Context, patch: Patch, version: str) -> list[behaviour.Variant]:
