@@ -9,8 +9,9 @@
   --dry-run --json`, one process per (target, component, release) row the watch reported (--no-loop skips it).
 Behaviour decides the conflict rows (the Checks without the fix, a port of the nearest variant proven): the cold run
 runs them (--envs-from DIR links built test environments in first; an environment it lacks is built there), the
-warm run takes every result from the cache; --checks N is the budget ($KVFORGE_WATCH_CHECKS), --checks 0 the watch
-without the Checks. Prints the totals, the verdicts and decisions, "needs a person" before (every row the rebase
+warm run takes every result from the cache; --checks N is the budget ($KVFORGE_WATCH_CHECKS; default: none with
+--envs-from, else 0: an empty cache would build every release's environment first), --checks 0 the watch without
+the Checks. Prints the totals, the verdicts and decisions, "needs a person" before (every row the rebase
 does not settle) and after (the rows behaviour does not settle either), and the warm run's time per release.
 Each run's progress goes to <cache>/bench-<run>.log as it runs. vllm-ascend's releases newer than
 --since count too (that component's base is 0.20.2rc1); --since 0.32.0 is the small variant (0.33.0 only).
@@ -84,7 +85,8 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, help="the cache to use (must be empty or absent) [default: a temp dir]")
     ap.add_argument("--downloads-from", type=Path, help="link these release files into the cache before the cold run")
     ap.add_argument("--envs-from", type=Path, help="link this directory of built test environments in as the cache's envs")
-    ap.add_argument("--checks", default=None, help="the watch's Checks budget (0: no Checks) [default: no limit]")
+    ap.add_argument("--checks", default=None, help="the watch's Checks budget (0: no Checks) [default: no limit with "
+                                                   "--envs-from, else 0]")
     ap.add_argument("--no-loop", action="store_true", help="skip the kvforge rebase --dry-run loop")
     a = ap.parse_args()
     tmp = None
@@ -96,14 +98,17 @@ def main() -> None:
         if cache.exists() and any(cache.iterdir()):
             sys.exit(f"{cache} is not empty: the cold run needs an empty cache")
     (cache / "downloads").mkdir(parents=True, exist_ok=True)
-    cold = "cold (empty cache)"
+    cold = "cold (empty cache"
     if a.downloads_from:
         for f in sorted(a.downloads_from.glob("*.tar.gz")):
             os.symlink(f, cache / "downloads" / f.name)
-        cold = f"cold (release files linked from {a.downloads_from})"
+        cold = f"cold (release files linked from {a.downloads_from}"
     if a.envs_from:
         os.symlink(a.envs_from.absolute(), cache / "envs", target_is_directory=True)
-        cold += ", test environments linked"
+        cold += "; test environments linked"
+    if a.checks is None and a.envs_from is None:  # an empty cache would build every release's environment first
+        a.checks = "0"
+    cold += "; Checks off)" if a.checks == "0" else f"; Checks budget {a.checks or 'none'})"
     try:
         results = []
         print(f"kvforge watch --since {a.since}: {cold} ...", file=sys.stderr, flush=True)
