@@ -369,6 +369,7 @@ class Port:
     source: str | None = None  # the variant's target
     patch_file: str | None = None  # the ported patch, ready (port proven)
     conflict: dict[str, Any] = field(default_factory=dict)  # file, hunk, the release's change of that region
+    final: bool = True  # kept in the cache (False: no budget or no environment left it undecided)
 
 
 def port(ctx_like, nb: NewBase, old_commit: str | None, variants: list[Variant], budget: Budget) -> Port:
@@ -382,10 +383,8 @@ def port(ctx_like, nb: NewBase, old_commit: str | None, variants: list[Variant],
         path = _results(ctx_like.cache) / f"{result_key('port', nb, v.patch.sha256, env_fingerprint(ctx_like, nb))}.json"
         got = _load_port(path)
         if got is None:
-            if not budget.take():
-                return Port("needs a person", f"{BUDGET} (--checks): no port tried", v.target)
             got = _try(ctx_like, nb, old_commit, v, path.with_suffix(""), budget)
-            if got.state == "port proven" or got.conflict or "fail" in got.detail:
+            if got.final:
                 _save_port(path, got)
         if not got.conflict:
             return got
@@ -427,19 +426,25 @@ def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, 
                 if conflict.get("upstream") else ""
             return Port("needs a person", f"{v.target}'s variant does not apply: {detail}{moved}", v.target,
                         conflict=conflict)
-        before = cached_run(ctx_like, nb, v.patch, Budget(None))
-        if before is None or before.error:
+        before = cached_run(ctx_like, nb, v.patch, budget)
+        if before is None:
+            return Port("needs a person", f"{v.target}'s variant applies ({how}); {BUDGET} (--checks)", v.target,
+                        final=False)
+        if before.error:
             return Port("needs a person", f"{v.target}'s variant applies ({how}); its Checks cannot run on the "
-                                          f"release: {before.error if before else 'no run'}", v.target)
+                                          f"release: {before.error}", v.target, final=False)
         failing = [n for n, (o, m) in before.outcomes.items() if failure_kind(o, m) == "behaviour"]
         if not failing:
             return Port("needs a person", f"{v.target}'s variant applies ({how}) but none of its Checks fails "
                                           "without it on the release: nothing proven", v.target)
+        if not budget.take():
+            return Port("needs a person", f"{v.target}'s variant applies ({how}); {BUDGET} (--checks) for its "
+                                          "Checks with it", v.target, final=False)
         try:
             env = _env(ctx_like, nb)
         except KvforgeError as exc:
             return Port("needs a person", f"{v.target}'s variant applies ({how}) but there is no test "
-                                          f"environment for the release: {exc}", v.target)
+                                          f"environment for the release: {exc}", v.target, final=False)
         run = _pytest(env, tree, list(v.patch.checks), "release with the ported fix", commit or nb.commit, keep)
         bad = [n for n, (o, _m) in run.outcomes.items() if o != "passed"]
         if not run.outcomes:
