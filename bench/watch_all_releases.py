@@ -13,7 +13,9 @@ warm run takes every result from the cache; --checks N is the budget ($KVFORGE_W
 --envs-from, else 0: an empty cache would build every release's environment first), --checks 0 the watch without
 the Checks. Prints the totals, the verdicts and decisions, "needs a person" before (every row the rebase
 does not settle) and after (the rows behaviour does not settle either), and the warm run's time per release.
-Each run's progress goes to <cache>/bench-<run>.log as it runs. vllm-ascend's releases newer than
+With a budget, the warm run runs no more Checks (it
+takes the cold run's results). Each run's progress goes to <cache>/bench-<run>.log as it runs, its JSON to
+<cache>/bench-<run>.json. vllm-ascend's releases newer than
 --since count too (that component's base is 0.20.2rc1); --since 0.32.0 is the small variant (0.33.0 only).
 
 Usage: python bench/watch_all_releases.py [--since 0.20.2] [--cache-dir DIR] [--downloads-from DIR] [--envs-from DIR]
@@ -115,11 +117,14 @@ def main() -> None:
         code, out, t_cold = kvforge(cache, "watch", "--since", a.since, "--json", checks=a.checks,
                                     log=cache / "bench-cold.log")
         cold_doc = json.loads(out)
+        (cache / "bench-cold.json").write_text(out)
         results.append(row(f"kvforge watch, {cold}", cold_doc, t_cold, code))
         print("kvforge watch: warm ...", file=sys.stderr, flush=True)
-        code, out, t_warm = kvforge(cache, "watch", "--since", a.since, "--json", checks=a.checks,
-                                    log=cache / "bench-warm.log")
+        # With a budget the cold run left rows unchecked: the warm run takes its results and runs no more Checks.
+        code, out, t_warm = kvforge(cache, "watch", "--since", a.since, "--json",
+                                    checks=a.checks if a.checks is None else "0", log=cache / "bench-warm.log")
         warm_doc = json.loads(out)
+        (cache / "bench-warm.json").write_text(out)
         results.append(row("kvforge watch, warm (downloads and bases cached)", warm_doc, t_warm, code))
         if not a.no_loop:
             t_loop, loop_verdicts = 0.0, Counter()
