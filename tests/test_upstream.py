@@ -7,14 +7,17 @@ measured by docs/upstream-truth.md, not here.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from helpers import CORE, git, make_patch
 
 from kvforge.project.series import parse_patch
-from kvforge.flow.upstream import (NewBase, Signal, checks_signal, decide, evaluate_drop_when, gather, judge_checks,
-                              new_base_info, patch_id_signal, reverse_apply_signal, upstream_commit_signal)
+from kvforge.flow.behaviour import checks_signal, judge_checks
+from kvforge.flow.upstream import (NewBase, Signal, decide, evaluate_drop_when, gather, new_base_info, patch_id_signal,
+                                   reverse_apply_signal, upstream_commit_signal)
 
 FIX = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
 FIX_TEST = "tests/test_clamp.py"
@@ -239,3 +242,12 @@ def test_signals_that_disagree_do_not_drop_the_patch(fake):
     has = _upstream_commit(fake, FIX, "release 1.0 with the fix", start=unrelated)
     nb = _nb(fake, has, version="1.0")
     assert decide(gather(nb, patch, commit, checks=lambda: checks_signal(_ctx(fake), nb, patch)))[0] == "upstream"
+
+
+def test_the_signals_module_imports_no_environment_or_test_runner():
+    """flow/upstream.py (imported by every rebase, status and pick) loads neither the environments (env) nor the
+    test runner (proof): the Checks that need them live in flow/behaviour.py."""
+    code = ("import sys, kvforge.flow.upstream; "
+            "print(sorted(m for m in sys.modules if m.startswith(('kvforge.env', 'kvforge.proof'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"

@@ -284,7 +284,9 @@ def test_watch_real_releases_agree_with_upstream_truth(real_files, tmp_path):
     The wheels are the real ones (0.21.0's first upload, manylinux_2_24, not its -1- rebuild from another commit). Nothing in the project is written."""
     root = project_copy(tmp_path / "project")
     before = files_of(root)
-    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(tmp_path / "cache")}
+    # No Checks run here (an empty cache has no test environment): behaviour's verdicts are
+    # tests/test_watch_behaviour.py's; here the rows beyond the budget say so.
+    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(tmp_path / "cache"), "KVFORGE_WATCH_CHECKS": "0"}
     for k in ("KVFORGE_OFFLINE", "KVFORGE_VLLM_REPO", "KVFORGE_CRASH_AT"):
         env.pop(k, None)
     with serve_index(INDEX, real_files) as url:
@@ -321,6 +323,13 @@ def test_watch_real_releases_agree_with_upstream_truth(real_files, tmp_path):
     assert md.returncode == 3 and "| 2 | `0002-swa-reachable-cache-mask.patch` | **conflict** |" in md.stdout
     assert files_of(root) == before  # a dry run: nothing written in the project
     assert sorted(p.name for p in (tmp_path / "cache" / "downloads").glob("*.tar.gz")) == sorted(REAL)
+    decided = {r["version"]: {p["fix_id"]: (p["decision"], p["behaviour"]) for p in r["checks"][0]["patches"]}
+               for r in doc["releases"]}
+    assert decided["0.22.0"]["swa-reachable-cache-mask"] == ("needs a person", "not checked: budget")
+    assert decided["0.22.0"]["two-phase-kv-alloc"] == ("carried", None)
+    assert decided["0.33.0"]["kv-events-token-ids"] == ("needs a person", "not checked: budget")
+    assert [r["cost"] for r in doc["releases"]] == [0, sum(v == "conflict" for v in verdicts["0.22.0"].values()), 1]
+    assert doc["checks_run"] == 0
 
 
 FAKE_GH = r'''#!/usr/bin/env python3
@@ -409,7 +418,7 @@ def test_watch_apply_adds_the_clean_release_as_a_target(real_files, tmp_path):
     """--apply against the same local index, watching v0.20.1: 0.21.0 is clean (every patch carried) and becomes
     target v0.21.0 through target add (from v0.20.1); 0.22.0 and 0.33.0 need attention and are not added."""
     root = project_copy(tmp_path / "project")
-    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(tmp_path / "cache"), "KVFORGE_WATCH_CHECKS": "0"}
     for k in ("KVFORGE_OFFLINE", "KVFORGE_VLLM_REPO", "KVFORGE_CRASH_AT"):
         env.pop(k, None)
     with serve_index(INDEX, real_files) as url:

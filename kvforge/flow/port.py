@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from kvforge.git import gitutil
 from kvforge.flow.apply import apply_target
+from kvforge.flow.behaviour import copy_preimages
 from kvforge.git.context import Context
 from kvforge.git.engine import am_in_progress, am_one, diagnose
 from kvforge.core.errors import EXIT_APPLY, EXIT_USAGE, KvforgeError
@@ -95,26 +96,6 @@ def find_variant(fix_id: str, to: Target, component: str, from_target: str | Non
                            f"onto {to.name} ({component}); {hint}", EXIT_USAGE)
     where = f"target {from_target}" if from_target else "no other target"
     raise KvforgeError(f"{where} carries a patch with Fix-Id {fix_id!r}", EXIT_USAGE)
-
-
-INDEX_RE = re.compile(rb"^index ([0-9a-f]{40,64})\.\.[0-9a-f]{40,64}", re.M)
-
-
-def copy_preimages(patch: Patch, source: Path, dest: Path) -> int:
-    """Copy the blobs the patch was made against (its full-index preimages) from the source base's
-    repository into `dest`, so `git am -3` can merge without any link to the cache. Returns how many."""
-    wanted = [m.group(1).decode() for m in INDEX_RE.finditer(patch.raw) if set(m.group(1)) != {ord("0")}]
-    copied = 0
-    for blob in dict.fromkeys(wanted):
-        if gitutil.run(dest, "cat-file", "-e", blob, check=False).returncode == 0:
-            continue
-        data = gitutil.run(source.parent, "cat-file", "blob", blob, check=False, binary=True,
-                           env={"GIT_DIR": str(source)})
-        if data.returncode != 0:
-            continue  # not there either: git am says which preimage it lacks
-        gitutil.run(dest, "hash-object", "-w", "--stdin", stdin=data.stdout)
-        copied += 1
-    return copied
 
 
 def port(ctx: Context, fix_id: str, from_target: str | None = None, into: Path | None = None) -> PortResult:

@@ -17,7 +17,8 @@ the fix), False (evidence it does not) or None (cannot tell here), whether that 
 - drop-when: the patch's own `Drop-When` condition (evaluate_drop_when).
 - checks: the patch's Checks run on the new base with only the patch's test files added (no fix):
   all pass is strong evidence for, a behavioural failure strong evidence against; a test that
-  cannot run there (import error, changed signature: API drift) tells nothing.
+  cannot run there (import error, changed signature: API drift) tells nothing. Run by
+  kvforge.flow.behaviour (which owns the test environments' use); this module never runs a test.
 
 decide() turns them into upstream | carried | disagree. A false "upstream" (dropping a fix the base
 lacks) is the worst outcome, so: "upstream" needs a strong signal for it and none against, two
@@ -28,11 +29,9 @@ anything else is "carried". This module reads the base repository and writes onl
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +41,8 @@ from packaging.version import InvalidVersion, Version
 
 from kvforge.git import gitutil
 from kvforge.git.bases import Base
-from kvforge.env.venv import target_env
-from kvforge.core.errors import KvforgeError
-from kvforge.core.fsutil import remove_stale
 from kvforge.git.pathindex import PathIndex, named_paths
 from kvforge.project.series import Patch
-from kvforge.proof.testrun import run_pytest
-from kvforge.proof.verify import fail_kind
 
 NAMES = ("reverse-apply", "patch-id", "upstream-commit", "drop-when", "checks")
 VERDICTS = ("upstream", "carried", "disagree")
@@ -454,109 +448,6 @@ def evaluate_drop_when(expr: str, nb: NewBase, probe: "Probe | None" = None) -> 
     if expr == "never" or expr.startswith("never "):
         return Signal("drop-when", None, False, f"{expr}: no condition to evaluate")
     return Signal("drop-when", None, False, f"{expr!r}: not a Drop-When condition")
-
-
-# ---------------------------------------------------------------- checks: the behavioural signal
-
-# A failure that shows only that the test's API is not in this tree (verify.ABSENT_API), or that it
-# changed: a call with another signature. Neither says anything about the fix.
-API_DRIFT = re.compile(
-    r"missing \d+ required (positional|keyword-only) arguments?|takes (from )?\d+ (to \d+ )?positional "
-    r"arguments? but \d+ (was|were) given|got an unexpected keyword argument|got multiple values for argument"
-    r"|object is not subscriptable|object is not iterable|cannot unpack non-iterable")
-
-
-def failure_kind(outcome: str, message: str) -> str | None:
-    """passed -> None; behaviour (evidence about the fix) | api (cannot run here) | absent."""
-    kind = fail_kind(outcome, message)
-    if kind is None:
-        return None
-    if kind == "absent-test":
-        return "absent"
-    if kind == "absent-api" or message.startswith("collection error") or API_DRIFT.search(message):
-        return "api"
-    return "behaviour"
-
-
-def judge_checks(outcomes: dict[str, tuple[str, str]]) -> Signal:
-    """The checks signal from node -> (outcome, message) on the new base without the fix."""
-    if not outcomes:
-        return Signal("checks", None, False, "the patch has no Checks")
-    kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in outcomes.items()}
-    passed = [n for n, (o, _, _) in kinds.items() if o == "passed"]
-    behaviour = [n for n, (_, k, _) in kinds.items() if k == "behaviour"]
-    unknown = [n for n in kinds if n not in passed and n not in behaviour]
-    total = len(kinds)
-
-    def short(n: str) -> str:
-        return n.split("::")[-1]
-
-    if behaviour:
-        first = behaviour[0]
-        return Signal("checks", False, True, f"{len(behaviour)} of {total} fail without the fix "
-                                             f"({short(first)}: {kinds[first][2][:120]})")
-    if passed and not unknown:
-        return Signal("checks", True, True, f"all {total} pass on the new base without the fix")
-    if passed:
-        return Signal("checks", True, False, f"{len(passed)} of {total} pass without the fix; "
-                                             f"{len(unknown)} cannot run here")
-    first = unknown[0]
-    return Signal("checks", None, False, f"none of {total} can run on the new base "
-                                         f"({short(first)}: {kinds[first][2][:120] or kinds[first][0]})")
-
-
-def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
-    """Run the patch's Checks on the new base with only its test files added, in the environment of
-    the new base (kvforge.env.target_env, built on first use), from a temporary tree
-    <cache>/trees/.work/.upstream-checks.<pid>.* that is removed afterwards (or by the next run
-    once that pid is gone)."""
-    if not patch.checks:
-        return Signal("checks", None, False, "the patch has no Checks")
-    scratch = ctx_like.cache.trees / ".work"
-    scratch.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # what a killed run left (its pid is in the name)
-        remove_stale(scratch, r"^\.upstream-checks\.(?P<pid>\d+)\.")
-    tree = Path(tempfile.mkdtemp(prefix=f".upstream-checks.{os.getpid()}.", dir=scratch))
-    try:
-        try:
-            env = target_env(ctx_like, base=nb)
-            env.check()
-        except KvforgeError as exc:
-            return Signal("checks", None, False, f"no test environment for the new base: {exc}")
-        gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
-        refused = _add_test_files(patch, tree)
-        nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
-        outcomes: dict[str, tuple[str, str]] = {c: ("error", "collection error: its test file does not apply "
-                                                          "to the new base") for c in patch.checks if c not in nodes}
-        if nodes:
-            run = run_pytest(env, tree, nodes, tree.parent / f"{tree.name}.xml",
-                             {"state": "new base without the fix", "base": nb.commit}, "new base", nb.commit)
-            for n in nodes:
-                outcomes[n] = (run.outcome(n), run.message_of(n))
-        sig = judge_checks(outcomes)
-        return Signal(sig.name, sig.fired, sig.strong, f"{sig.detail} [env {env.key}]")
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-        for leftover in scratch.glob(f"{tree.name}.*"):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-
-
-def _add_test_files(patch, tree: Path) -> set[str]:
-    """Apply the patch's test files (only those) to `tree`, each on its own; the paths that do not apply."""
-    refused: set[str] = set()
-    with tempfile.NamedTemporaryFile(prefix="kvforge-patch-", suffix=".patch", delete=False) as fh:
-        fh.write(patch.raw)
-    try:
-        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent), "LC_ALL": "C"}
-        for path in (p for p in patch.touched_paths if is_test_path(p)):
-            res = subprocess.run(["git", "apply", f"--include={path}", fh.name], cwd=tree, env=env,
-                                 capture_output=True, text=True)
-            if res.returncode != 0:
-                refused.add(path)
-    finally:
-        os.unlink(fh.name)
-    return refused
 
 
 # ---------------------------------------------------------------- the decision

@@ -14,6 +14,16 @@ target has yet, `kvforge target add VERSION --from T` (kvforge.flow.targetadd; T
 one write watch makes, all or nothing per target; a target add that stops (a conflict in another component's
 series) ends the applying (exit 3), its state resumable with `kvforge target add --continue`.
 
+Behaviour decides (kvforge.flow.behaviour): a conflict or disagreement row gets the patch's Checks run on the
+release without the fix, in the release's CPU environment (built once, cached by content): all pass ->
+"upstream (by behaviour)"; a behavioural failure -> "needed", and then a port of the nearest variant of the fix
+(the same Fix-Id in any target's series of that component, the one whose release is nearest first) onto the
+release, proven when its Checks fail without it and pass with it ("port proven", the ready patch kept in the
+cache); else "needs a person" with why (the Checks cannot run there, or where the port stops and the release's
+change of that region). `checks` (--checks N; $KVFORGE_WATCH_CHECKS) bounds the Checks runs of one watch (a
+result from the cache is no run); rows beyond it say "not checked: budget". Each row's `decision` is one of
+DECISIONS; a release's cost is how many of its rows need a person.
+
 Invariants: without --apply, writes nothing in the project; targets with `lifecycle = "eol"` are never watched; every
 (target, component, release) gets a row, and a failure of one (a download, a rebase of that target in
 progress) is that row's error, never the end of the run. Status and exit code: "nothing-new" (0), "clean"
@@ -23,14 +33,19 @@ conflict, a disagreement, missing wheels, or a row that failed; a row's network 
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from packaging.version import InvalidVersion, Version
 
 from kvforge.core import index
 from kvforge.core.index import pypi_url
+from kvforge.flow import behaviour
+from kvforge.flow.upstream import new_base_info
+from kvforge.git.bases import ensure_base
 from kvforge.wheels.choose import choose_wheels
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context
@@ -39,11 +54,15 @@ from kvforge.flow.rebase import RebaseResult
 from kvforge.flow.rebase.command import rebase
 from kvforge.core.render import table
 from kvforge.flow.targetadd import TargetAddResult, add
-from kvforge.project.targets import Component, Target, load_all, load_target
+from kvforge.project.series import Patch, read_series
+from kvforge.project.targets import Component, Release, Target, load_all, load_target
 
 FORMATS = ("table", "json", "markdown")
 LABEL = "kvforge-watch"  # the scheduled workflow's issues carry it (ci/github/kvforge-watch.yml)
-GOOD = ("carried", "upstream")  # per-patch verdicts that need no one
+GOOD = ("carried", "upstream")  # per-patch verdicts of the rebase that need no one
+# A row's decision, what a release engineer does with it: nothing (the first three), take the proven port, or look.
+DECISIONS = ("upstream", behaviour.UPSTREAM, "carried", "port proven", "needs a person")
+SETTLED = DECISIONS[:3]
 
 
 # ---------------------------------------------------------------- the package index
@@ -115,6 +134,11 @@ class PatchRow:
     how: str  # what git am did
     drop_when: str | None  # met | not met | cannot tell (None: the patch has no drop-when signal)
     drop_when_detail: str = ""
+    decision: str = ""  # one of DECISIONS
+    why: str = ""  # the decision's one line
+    behaviour: str | None = None  # behaviour.UPSTREAM | NEEDED | UNSURE | BUDGET (None: not asked)
+    evidence: str | None = None  # the kept pytest log of the Checks without the fix
+    port: dict[str, Any] | None = None  # the port tried: state, detail, source, patch_file, conflict
 
 
 @dataclass
@@ -142,6 +166,15 @@ class Check:
                  if self.count(v)]
         return ", ".join(parts) or "no patches"
 
+    @property
+    def cost(self) -> int:
+        """How many of its rows need a person (an error counts as one)."""
+        return (1 if self.error else 0) + sum(1 for p in self.patches if p.decision == "needs a person")
+
+    def decided(self) -> str:
+        parts = [f"{n} {d}" for d in DECISIONS if (n := sum(1 for p in self.patches if p.decision == d))]
+        return ", ".join(parts) or ("error" if self.error else "no patches")
+
 
 @dataclass
 class ReleaseReport:
@@ -159,6 +192,11 @@ class ReleaseReport:
         return "clean" if all(c.status == "clean" for c in self.checks) else "attention"
 
     @property
+    def cost(self) -> int:
+        """How many rows of this release need a person."""
+        return sum(c.cost for c in self.checks)
+
+    @property
     def title(self) -> str:
         """The scheduled workflow's issue title for this release (one issue per release)."""
         return f"kvforge watch: {self.package} {self.version}"
@@ -170,11 +208,13 @@ class ReleaseReport:
         up = f", uploaded {self.uploaded}" if self.uploaded else ""
         out.append(f"sdist `{self.sdist}` (sha256 `{(self.sdist_sha256 or '?')[:16]}…`){up}.")
         out.append(f"Wheels: {_wheels_text(self, md=True)}.")
+        out.append(f"Cost: {self.cost} row{'' if self.cost == 1 else 's'} need{'s' if self.cost == 1 else ''} a person.")
         out.append("")
-        out.append("| target | component | from | status | patches |")
-        out.append("|---|---|---|---|---|")
+        out.append("| target | component | from | status | patches | decisions |")
+        out.append("|---|---|---|---|---|---|")
         for c in self.checks:
-            out.append(f"| {c.target} | {c.component} | {c.from_version} | {_md(c.status)} | {_md(c.summary())} |")
+            out.append(f"| {c.target} | {c.component} | {c.from_version} | {_md(c.status)} | {_md(c.summary())} "
+                       f"| {_md(c.decided())} |")
         for c in self.checks:
             out += ["", f"### {c.target} / {c.component} (from {c.from_version} onto {self.version})", ""]
             if c.error:
@@ -182,17 +222,20 @@ class ReleaseReport:
             if c.missing_wheels:
                 out.append(f"**no wheel** for {', '.join(c.missing_wheels)} (the target pins one)")
             if c.patches:
-                out += ["| # | patch | verdict | signals (for / against) | Drop-When | git am |",
-                        "|---|---|---|---|---|---|"]
+                out += ["| # | patch | verdict | decision | signals (for / against) | Drop-When | git am |",
+                        "|---|---|---|---|---|---|---|"]
                 for n, p in enumerate(c.patches, 1):
                     verdict = p.verdict if p.verdict in GOOD else f"**{p.verdict}**"
+                    decision = p.decision if p.decision in SETTLED else f"**{p.decision}**"
                     sig = (", ".join(p.fired) or "-") + (" / " + ", ".join(p.against) if p.against else "")
                     dw = f"{p.drop_when}: {p.drop_when_detail}" if p.drop_when else "-"
-                    out.append(f"| {n} | `{p.name}` | {verdict} | {_md(sig)} | {_md(dw)} | {_md(p.how or '-')} |")
+                    out.append(f"| {n} | `{p.name}` | {verdict} | {decision} | {_md(sig)} | {_md(dw)} "
+                               f"| {_md(p.how or '-')} |")
             out.append("")
             for p in c.patches:
                 if p.verdict not in GOOD:
                     out.append(f"- `{p.name}` {p.verdict}: {_md(p.reason)}")
+                    out.append(f"  - {p.decision}: {_md(p.why)}")
             for note in c.notes:
                 out.append(f"- note: {_md(note)}")
             out.append(f"- reproduce: `kvforge rebase -t {c.target} --component {c.component} --onto {self.version} "
@@ -202,17 +245,19 @@ class ReleaseReport:
     def to_json(self) -> dict[str, Any]:
         return {"package": self.package, "version": self.version, "sdist": self.sdist,
                 "sdist_sha256": self.sdist_sha256, "uploaded": self.uploaded, "wheels": self.wheels,
-                "wheels_error": self.wheels_error, "status": self.status, "title": self.title,
+                "wheels_error": self.wheels_error, "status": self.status, "title": self.title, "cost": self.cost,
                 "checks": [_check_json(c) for c in self.checks], "markdown": self.markdown()}
 
 
 def _check_json(c: Check) -> dict[str, Any]:
     return {"target": c.target, "component": c.component, "from_version": c.from_version, "status": c.status,
-            "summary": c.summary(), "missing_wheels": c.missing_wheels, "notes": c.notes, "error": c.error,
+            "summary": c.summary(), "decisions": c.decided(), "cost": c.cost, "missing_wheels": c.missing_wheels, "notes": c.notes, "error": c.error,
             "exit": c.exit, "seconds": round(c.seconds, 3),
             "patches": [{"name": p.name, "fix_id": p.fix_id, "verdict": p.verdict, "fired": p.fired,
                          "against": p.against, "reason": p.reason, "how": p.how,
-                         "drop_when": {"state": p.drop_when, "detail": p.drop_when_detail}} for p in c.patches]}
+                         "drop_when": {"state": p.drop_when, "detail": p.drop_when_detail},
+                         "decision": p.decision, "why": p.why, "behaviour": p.behaviour, "evidence": p.evidence,
+                         "port": p.port} for p in c.patches]}
 
 
 def _md(text: str) -> str:
@@ -242,6 +287,7 @@ class WatchResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     applied: list[TargetAddResult] | None = None  # --apply: the target adds run, in order
+    checks_run: int = 0  # Checks runs made (results from the cache are none)
 
     @property
     def status(self) -> str:
@@ -278,6 +324,7 @@ class WatchResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "index": self.index, "since": self.since, "watched": self.watched,
+                "cost": sum(r.cost for r in self.releases), "checks_run": self.checks_run,
                 "skipped": self.skipped, "releases": [r.to_json() for r in self.releases],
                 "applied": None if self.applied is None else [a.to_json() for a in self.applied],
                 "seconds": round(self.seconds, 3)}
@@ -298,7 +345,9 @@ class WatchResult:
         n_att = sum(1 for r in self.releases if r.status != "clean")
         what = "all clean" if not n_att else f"{n_att} need attention"
         n = len(self.releases)
-        return f"{n} new release{'' if n == 1 else 's'} on {self.index}{since}: {what} (watched: {watched})"
+        cost = sum(r.cost for r in self.releases)
+        return (f"{n} new release{'' if n == 1 else 's'} on {self.index}{since}: {what}, {cost} row"
+                f"{'' if cost == 1 else 's'} need a person (watched: {watched})")
 
     def text(self) -> str:
         out = [self._headline()]
@@ -309,9 +358,11 @@ class WatchResult:
         rows = [[f"{r.package} {r.version}", f"{c.target}/{c.component}", c.from_version, c.summary(),
                  "missing " + ", ".join(c.missing_wheels) if c.missing_wheels else ("?" if r.wheels_error else
                                                                                      ", ".join(r.wheels) or "none"),
-                 c.status] for r in self.releases for c in r.checks]
-        out += ["", table(["release", "target/component", "from", "patches", "wheels", "status"], rows)]
+                 c.status, c.cost] for r in self.releases for c in r.checks]
+        out += ["", table(["release", "target/component", "from", "patches", "wheels", "status", "need a person"],
+                          rows)]
         for r in self.releases:
+            out += ["", f"{r.package} {r.version}: {r.cost} row{'' if r.cost == 1 else 's'} need a person"]
             for c in r.checks:
                 out += ["", f"{r.package} {r.version} <- {c.target}/{c.component} ({c.status})"]
                 if c.error:
@@ -323,6 +374,7 @@ class WatchResult:
                             for n, p in enumerate(c.patches, 1)]
                     out.append(table(["#", "patch", "verdict", "signals fired", "Drop-When"], prow))
                     out += [f"  {p.name}: {p.verdict}: {p.reason}" for p in c.patches if p.verdict not in GOOD]
+                    out += [f"  {p.fix_id}: {p.decision}" + (f": {p.why}" if p.why else "") for p in c.patches]
                 out += [f"  note: {n}" for n in c.notes]
             out.append(f"  wheels of {r.package} {r.version}: {_wheels_text(r)}")
         out.append(f"\ntime: {self.seconds:.1f}s")
@@ -357,11 +409,12 @@ def _watched(targets: list[Target]) -> list[tuple[Target, Component]]:
 
 def watch(cache: Cache, target_names: tuple[str, ...] = (), since: str | None = None, fmt: str = "table",
           source: str = "sdist", progress: Callable[[str], None] = lambda _m: None,
-          apply: bool = False) -> WatchResult:
+          apply: bool = False, checks: int | None = None) -> WatchResult:
     """The CLI's one call (see the module docstring)."""
     start = time.monotonic()
     if fmt not in FORMATS:
         raise KvforgeError(f"--format {fmt!r}: one of {', '.join(FORMATS)}", EXIT_USAGE)
+    budget = behaviour.Budget(checks_budget(checks))
     since_v = None
     if since is not None:
         try:
@@ -402,11 +455,12 @@ def watch(cache: Cache, target_names: tuple[str, ...] = (), since: str | None = 
             except KvforgeError as exc:
                 rep.wheels_error = str(exc)
         progress(f"watch: [{n}/{len(todo)}] {t.name}/{c.name} {c.release.version} -> {r.version} (dry-run rebase)")
-        rep.checks.append(_check(cache, t, c, r, rep, source, progress))
+        rep.checks.append(_check(cache, t, c, r, rep, source, progress, budget))
     ordered = sorted(reports.values(), key=lambda x: (x.package, Version(x.version)))
     watched = [{"target": t.name, "component": c.name, "package": c.release.package, "base": c.release.version}
                for t, c in pairs]
     result = WatchResult(pypi_url(), since, watched, ordered, fmt, skipped, time.monotonic() - start, notes)
+    result.checks_run = budget.used
     if apply:
         result.applied = apply_clean(cache, result, progress)
         result.seconds = time.monotonic() - start
@@ -432,15 +486,35 @@ def apply_clean(cache: Cache, result: WatchResult, progress: Callable[[str], Non
     return done
 
 
+def checks_budget(checks: int | None) -> int | None:
+    """--checks N, else $KVFORGE_WATCH_CHECKS, else no limit (None); a negative or non-integer one is bad input."""
+    where = "--checks"
+    if checks is None:
+        text = os.environ.get("KVFORGE_WATCH_CHECKS", "").strip()
+        if not text:
+            return None
+        where = "$KVFORGE_WATCH_CHECKS"
+        try:
+            checks = int(text)
+        except ValueError:
+            raise KvforgeError(f"{where} {text!r}: not a number of Checks runs (e.g. 20; 0: none)", EXIT_USAGE) \
+                from None
+    if checks < 0:
+        raise KvforgeError(f"{where} {checks}: not a number of Checks runs (0 or more)", EXIT_USAGE)
+    return checks
+
+
 def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseReport, source: str,
-           progress: Callable[[str], None]) -> Check:
+           progress: Callable[[str], None], budget: behaviour.Budget | None = None) -> Check:
     t0 = time.monotonic()
     chk = Check(t.name, c.name, c.release.version)
     try:
         ctx = Context(cache, t, c, source=source, progress=progress)
-        result = rebase(ctx, r.version, dry_run=True)
+        # A git base is the release's tag (vX.Y.Z, vX.Y.ZrcN: both upstreams tag so); an sdist base the version.
+        result = rebase(ctx, f"v{r.version}" if source == "git" else r.version, dry_run=True)
         chk.patches = _patch_rows(result)
         chk.notes = [n for n in result.notes if not n.startswith("no wheel like")]  # the wheels are said apart
+        _decide(ctx, r, chk, budget or behaviour.Budget(None))
     except KvforgeError as exc:
         chk.error, chk.exit = str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code
     pinned = sorted({w.arch for w in c.wheels if w.arch})
@@ -450,3 +524,105 @@ def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseR
         chk.status = "attention"
     chk.seconds = time.monotonic() - t0
     return chk
+
+
+# ---------------------------------------------------------------- behaviour decides
+
+
+def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget) -> None:
+    """Each row's decision: the rebase's verdict where it settles it (upstream, carried), else the Checks without
+    the fix on the release and, for a fix still needed, a port of its nearest variant (kvforge.flow.behaviour)."""
+    open_rows = [p for p in chk.patches if p.verdict not in GOOD]
+    for p in chk.patches:
+        if p.verdict in GOOD:
+            p.decision, p.why = p.verdict, ""
+    if not open_rows:
+        return
+    c = ctx.component
+    new_comp = replace(c, ref=f"v{r.version}", release=Release(c.release.package, r.version, r.sdist_sha256))
+    new_ctx = Context(ctx.cache, ctx.target, new_comp, ctx.source, ctx.repo_url, ctx.progress)
+    nb = new_base_info(ensure_base(new_comp, ctx.cache, ctx.source, ctx.repo_url, ctx.progress), new_comp)
+    by_name = {q.name: q for q in ctx.series().patches}
+    old_commit = ctx.base().commit
+    clone = upstream_clone(ctx)
+    for p in open_rows:
+        patch = by_name[p.name]
+        if clone is not None:  # history first: ancestry and patch-id
+            found = behaviour.by_history(clone, f"v{r.version}", c.ref, patch)
+            if found:
+                p.decision, p.why = "upstream", f"by history ({clone.name}): {found}"
+                continue
+        ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix")
+        v = behaviour.without_fix(new_ctx, nb, patch, budget)
+        p.behaviour, p.evidence = v.state, v.evidence
+        if v.state == behaviour.UPSTREAM:
+            p.decision, p.why = behaviour.UPSTREAM, v.detail
+            continue
+        said = f"{v.state} ({v.detail.split(' (evidence')[0]})"
+        if v.state == behaviour.BUDGET:
+            p.decision, p.why = "needs a person", v.detail
+            continue
+        # Needed, or the series' own Checks cannot run there: a variant's Checks, failing without it and passing
+        # with it on the release, prove both that the fix is needed and the port.
+        ctx.say(f"watch: {p.fix_id} on {r.version}: {v.state}; porting its nearest variant")
+        got = behaviour.port(new_ctx, nb, old_commit, variants(ctx, patch, r.version), budget)
+        p.port = {"state": got.state, "detail": got.detail, "source": got.source, "patch_file": got.patch_file,
+                  "conflict": got.conflict}
+        if got.state == "port proven":
+            p.decision = "port proven"
+            p.why = (f"{said}; {got.detail}; ready: {got.patch_file} (kvforge target add {r.version} --from "
+                     f"{ctx.target.name}, then `git am -3` it in place of {p.name})")
+        else:
+            p.decision, p.why = "needs a person", f"{said}; {got.detail}"
+
+
+def upstream_clone(ctx: Context) -> Path | None:
+    """With --source git: the local git clone of the component's upstream ($KVFORGE_<COMPONENT>_REPO, e.g.
+    KVFORGE_VLLM_ASCEND_REPO, naming a directory) whose history answers before the Checks; else None."""
+    if ctx.source != "git":
+        return None
+    where = ctx.repo_url or os.environ.get(f"KVFORGE_{ctx.component.name.upper().replace('-', '_')}_REPO")
+    path = Path(where).expanduser() if where else None
+    return path if path is not None and path.is_dir() else None
+
+
+def variants(ctx: Context, patch: Patch, version: str) -> list[behaviour.Variant]:
+    """Every variant of the patch's fix in a series of the same component (the patch's own included), the one
+    whose target's release is nearest `version` first (ties: the newer release)."""
+    want = Version(version)
+    found: list[tuple[tuple[float, int, int], behaviour.Variant]] = []
+    for t in load_all():
+        comp = next((x for x in t.components if x.name == ctx.component.name), None)
+        if comp is None:
+            continue
+        try:
+            series = read_series(comp.series_dir)
+        except (KvforgeError, OSError):
+            continue
+        for q in series.patches:
+            if q.fix_id != patch.fix_id:
+                continue
+            try:
+                rel = Version(comp.release.version)
+            except InvalidVersion:
+                continue
+            # Its preimages, where the cache already holds its base (nothing is imported for them: a blob it lacks
+            # is one git am -3 says it lacks).
+            repo = ctx.cache.repos / f"{comp.name}-{'git' if ctx.source == 'git' else 'sdist'}.git"
+            distance = abs(_position(rel) - _position(want))
+            newer_first = 0 if rel >= want else 1
+            found.append(((distance, newer_first, 0 if t.name != ctx.target.name else 1),
+                          behaviour.Variant(t.name, comp.release.version, q, repo if repo.is_dir() else None)))
+    seen: set[str] = set()
+    out = []
+    for _k, v in sorted(found, key=lambda x: x[0]):
+        if v.patch.sha256 not in seen:
+            seen.add(v.patch.sha256)
+            out.append(v)
+    return out
+
+
+def _position(v: Version) -> float:
+    """A release's place on one line: major * 1e6 + minor * 1e3 + micro (0.20.2 is nearer 0.22.0 than 0.20.1 is)."""
+    r = v.release + (0, 0, 0)
+    return r[0] * 1e6 + r[1] * 1e3 + r[2]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from kvforge.git import gitutil
-from kvforge.flow import upstream
+from kvforge.flow import behaviour, upstream
 from kvforge.git.bases import Base
 from kvforge.git.context import Context
 from kvforge.git.engine import am_in_progress, am_one, am_without_worktree, diagnose, ensure_worktree, format_patches
@@ -58,7 +58,7 @@ def plan(ctx: Context, new_comp: Component, new_base: Base, patches: list[Patch]
             def run_checks(p: Patch = p, timed: dict[str, float] = timed) -> upstream.Signal:
                 t = time.monotonic()
                 try:
-                    return upstream.checks_signal(new_ctx, nb, p)
+                    return behaviour.checks_signal(new_ctx, nb, p)
                 finally:
                     timed["s"] += time.monotonic() - t
 

@@ -1,0 +1,220 @@
+"""Behaviour decides watch's conflict rows (kvforge.flow.behaviour): the Checks without the fix on a release say
+"upstream (by behaviour)", "needed" (the failing test and its line) or "needed?" (cannot run there), cached by
+content and bounded by a budget; a needed fix's nearest variant is ported (`git am -3`) and proven (fails
+without, passes with), or the conflict is reported with the release's change of that region. On the `fake`
+upstream (real git, a real pytest run by this interpreter); the real releases are in the slow test at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import CORE, git, make_patch
+from test_watch import files_of, project_copy, serve_index
+
+from kvforge.core.cache import Cache, default_cache_dir
+from kvforge.core.errors import KvforgeError
+from kvforge.flow import behaviour
+from kvforge.flow.behaviour import Budget, Variant
+from kvforge.flow.upstream import NewBase
+from kvforge.flow.watch import checks_budget, upstream_clone
+from kvforge.git.context import Context
+from kvforge.project.series import parse_patch
+
+FIX = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
+FIX_TEST = "tests/test_clamp.py"
+TEST_TEXT = ("from vllm_like.core import clamp\n\n\ndef test_clamp_high():\n    assert clamp(9, 0, 5) == 5\n\n\n"
+             "def test_clamp_low():\n    assert clamp(-1, 0, 5) == 0\n")
+CHECKS = (f"{FIX_TEST}::test_clamp_high", f"{FIX_TEST}::test_clamp_low")
+
+
+def _patch(fake, start: str, name: str = "0001-clamp-high"):
+    extra = "".join(f"Checks: {c}\n" for c in CHECKS)
+    (fake.root / "variants" / start[:8]).mkdir(parents=True, exist_ok=True)
+    path, _commit = make_patch(fake.upstream, start, {**FIX, FIX_TEST: ("", TEST_TEXT)}, "[Core] clamp the high end",
+                               "clamp-high", fake.root / "variants" / start[:8] / f"{name}.patch", kind="fix",
+                               extra=extra)
+    return parse_patch(path)
+
+
+def _release(fake, edits: dict, message: str) -> str:
+    git(fake.upstream, "checkout", "-q", "--detach", fake.base)
+    for rel, (old, new) in edits.items():
+        path = fake.upstream / rel
+        path.write_text(path.read_text().replace(old, new, 1))
+    git(fake.upstream, "commit", "-qam", message)
+    return git(fake.upstream, "rev-parse", "HEAD").strip()
+
+
+def _nb(fake, commit: str) -> NewBase:
+    return NewBase(fake.upstream / ".git", commit, None, commit, True)
+
+
+def _ctx(fake) -> Context:
+    return Context.load(Cache(fake.cache), "fake")
+
+
+def test_checks_without_the_fix_decide_and_are_cached(fake):
+    """upstream (by behaviour) where the release has the fix, needed (the test and its line) where it does not,
+    needed? where the Checks cannot run; a second watch takes every result from the cache (no run, even with a
+    budget of 0), and a release not yet checked with no budget left says so."""
+    patch = _patch(fake, fake.base)
+    ctx = _ctx(fake)
+    has = _release(fake, FIX, "upstream clamps too")
+    renamed = _release(fake, {CORE: ("def clamp(x, lo, hi):", "def clip(x, lo, hi):")}, "rename clamp")
+    budget = Budget(None)
+    up = behaviour.without_fix(ctx, _nb(fake, has), patch, budget)
+    assert up.state == behaviour.UPSTREAM and "all 2 Checks pass" in up.detail, up.detail
+    assert up.evidence and Path(up.evidence).is_file() and "2 passed" in Path(up.evidence).read_text()
+    needed = behaviour.without_fix(ctx, _nb(fake, fake.base), patch, budget)
+    assert needed.state == behaviour.NEEDED, needed.detail
+    assert f"{FIX_TEST}::test_clamp_high at {FIX_TEST}:5: " in needed.detail
+    unsure = behaviour.without_fix(ctx, _nb(fake, renamed), patch, budget)
+    assert unsure.state == behaviour.UNSURE and unsure.detail.startswith("cannot tell: 2 of 2 Checks cannot run")
+    assert budget.used == 3
+    none_left = Budget(0)
+    again = [behaviour.without_fix(ctx, _nb(fake, c), patch, none_left) for c in (has, fake.base, renamed)]
+    assert [(v.state, v.cached) for v in again] == [(behaviour.UPSTREAM, True), (behaviour.NEEDED, True),
+                                                    (behaviour.UNSURE, True)]
+    other = _release(fake, {CORE: ("def double(x):", "def double(x):  # unchanged")}, "another release")
+    assert behaviour.without_fix(ctx, _nb(fake, other), patch, none_left).state == behaviour.BUDGET
+    assert not list((Path(fake.cache) / "trees" / ".work").glob(".upstream-checks.*"))  # nothing left behind
+
+
+def test_a_needed_fix_is_ported_from_its_nearest_variant_and_proven(fake):
+    """The release moved the lines around the fix (a comment above its line): the series' own patch conflicts
+    (reported: the file, the hunk, and the release's change of that region since the old base); a variant made
+    on the release applies, its Checks fail without it and pass with it: port proven, the patch kept ready."""
+    own = _patch(fake, fake.base)
+    release = _release(fake, {CORE: ("    return max(lo, x)", "    # the low end only\n    return max(lo, x)")},
+                       "upstream comments clamp")
+    near = _patch(fake, release)
+    ctx = _ctx(fake)
+    nb = _nb(fake, release)
+    stuck = behaviour.port(ctx, nb, fake.base, [Variant("fake", "0.0.1", own, None)], Budget(None))
+    assert stuck.state == "needs a person", stuck.detail
+    assert stuck.conflict["file"] == CORE, stuck.conflict
+    assert f"git diff {fake.base[:12]} {release[:12]} -- {CORE}" in stuck.conflict["upstream"]
+    assert "1 hunk in vllm_like/core.py" in stuck.detail
+    proven = behaviour.port(ctx, nb, fake.base, [Variant("newer", "0.0.2", near, None),
+                                                 Variant("fake", "0.0.1", own, None)], Budget(None))
+    assert proven.state == "port proven", proven.detail
+    assert proven.source == "newer" and "1 of its 2 Checks fail without it, all pass with it" in proven.detail
+    ready = Path(proven.patch_file or "")
+    assert b"return min(max(lo, x), hi)" in ready.read_bytes() and b"Fix-Id: clamp-high" in ready.read_bytes()
+    # The repository the release lives in is not touched (the port runs in a temporary shared clone).
+    assert git(fake.upstream, "rev-parse", "HEAD").strip() == release
+    cached = behaviour.port(ctx, nb, fake.base, [Variant("newer", "0.0.2", near, None)], Budget(0))
+    assert (cached.state, cached.patch_file) == ("port proven", proven.patch_file)
+
+
+def test_the_checks_budget_is_a_count(monkeypatch):
+    monkeypatch.delenv("KVFORGE_WATCH_CHECKS", raising=False)
+    assert checks_budget(None) is None and checks_budget(3) == 3
+    monkeypatch.setenv("KVFORGE_WATCH_CHECKS", "0")
+    assert checks_budget(None) == 0
+    monkeypatch.setenv("KVFORGE_WATCH_CHECKS", "many")
+    with pytest.raises(KvforgeError, match=r"^\$KVFORGE_WATCH_CHECKS 'many': not a number") as exc:
+        checks_budget(None)
+    assert exc.value.exit_code == 2
+    with pytest.raises(KvforgeError, match=r"^--checks -1: "):
+        checks_budget(-1)
+
+
+# ---------------------------------------------------------------- slow: a real conflict, ported and proven
+
+
+REAL_INDEX = json.loads((Path(__file__).resolve().parent / "data" / "pypi_watch_index.json").read_text())
+# Resolved at import, before a test points $KVFORGE_CACHE elsewhere: the user's built CPU environments and releases.
+USER_CACHE = Cache(default_cache_dir())
+
+
+@pytest.mark.slow
+def test_a_real_conflict_becomes_a_proven_port(tmp_path):
+    """v0.20.2rc onto the real vLLM 0.33.0 (a local index serving the real sdist): kv-events-token-ids conflicts
+    there (docs/upstream-truth.md: 0.33.0 still slices BlockStored.token_ids over the whole range). Its Checks
+    fail on 0.33.0 without the fix (needed, the failing test and its line), main's variant (the nearest: main is
+    0.33.0) applies with `git am -3` and its Checks fail without it and pass with it: port proven, the ready patch
+    kept in the cache. The rows 0.33.0 has upstream stay "upstream"; the release's cost is 0; nothing in the
+    project is written. A second watch takes every result from the cache (no Checks run). Cost: 0.33.0's CPU
+    environment (key 61a91e4ae2116172, the same as target main's) is linked from the user cache; on a fresh
+    machine it is built once (several minutes) for this test and target main's own tests."""
+    for name in ("vllm-0.33.0.tar.gz",):
+        assert (USER_CACHE.downloads / name).is_file(), f"{name} is not in the user cache (run tests/test_watch.py)"
+    root = project_copy(tmp_path / "project")
+    before = files_of(root)
+    cache = tmp_path / "cache"
+    (cache / "downloads").mkdir(parents=True)
+    (cache / "downloads" / "vllm-0.33.0.tar.gz").symlink_to(USER_CACHE.downloads / "vllm-0.33.0.tar.gz")
+    USER_CACHE.envs.mkdir(parents=True, exist_ok=True)
+    (cache / "envs").symlink_to(USER_CACHE.envs, target_is_directory=True)
+    env = {**os.environ, "KVFORGE_ROOT": str(root), "KVFORGE_CACHE": str(cache)}
+    for k in ("KVFORGE_OFFLINE", "KVFORGE_VLLM_REPO", "KVFORGE_CRASH_AT", "KVFORGE_TEST_PYTHON", "KVFORGE_WATCH_CHECKS"):
+        env.pop(k, None)
+    argv = [sys.executable, "-m", "kvforge.cli", "watch", "-t", "v0.20.2rc", "--since", "0.22.0"]
+    with serve_index(REAL_INDEX, USER_CACHE.downloads) as url:
+        env["KVFORGE_PYPI_URL"] = url
+        res = subprocess.run([*argv, "--json"], env=env, capture_output=True, text=True, timeout=1200)
+        again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 3, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    (rel,) = doc["releases"]
+    rows = {p["fix_id"]: p for p in rel["checks"][0]["patches"]}
+    assert {f: (p["verdict"], p["decision"]) for f, p in rows.items()} == {
+        "two-phase-kv-alloc": ("upstream", "upstream"), "swa-reachable-cache-mask": ("upstream", "upstream"),
+        "kv-events-token-ids": ("conflict", "port proven"), "swa-retention-queue-split": ("upstream", "upstream"),
+        "eagle-lookahead-block-hashes": ("upstream", "upstream")}
+    kv = rows["kv-events-token-ids"]
+    # The series' own Checks cannot run on 0.33.0 (KVCacheManager's signature changed): main's variant's Checks,
+    # failing without it and passing with it there, prove the fix needed and the port.
+    assert kv["behaviour"] == "needed?" and "cannot run on the release" in kv["why"], kv["why"]
+    assert "main's variant applies" in kv["why"] and "Checks fail without it, all pass with it" in kv["why"]
+    assert kv["port"]["source"] == "main" and kv["port"]["state"] == "port proven", kv["port"]
+    ready = Path(kv["port"]["patch_file"]).read_bytes()
+    assert b"Fix-Id: kv-events-token-ids" in ready and b"vllm/v1/core/block_pool.py" in ready
+    assert Path(kv["evidence"]).is_file()
+    assert rel["cost"] == 0 and doc["cost"] == 0 and doc["checks_run"] >= 1
+    assert files_of(root) == before  # nothing written in the project
+    assert again.returncode == 3, again.stderr[-3000:]
+    line = next(ln for ln in again.stdout.splitlines() if ln.startswith("  kv-events-token-ids: port proven: "))
+    print(line)
+    assert "main's variant applies" in line and "ready: " in line
+    assert "0 rows need a person" in again.stdout
+    assert "its Checks without the fix" in again.stderr and "pytest" not in again.stderr  # all from the cache
+
+
+def test_history_answers_first_with_a_clone(fake, monkeypatch):
+    """--source git: a clone of upstream says "upstream" by ancestry (the recorded Upstream-Commit is an ancestor
+    of the release's tag) or by patch-id (a commit since the old base has the patch's); a commit that is not an
+    ancestor, or no match, is no answer (None: the Checks decide). Only with --source git and a local clone."""
+    patch = _patch(fake, fake.base)
+    landed = _release(fake, FIX, "upstream lands the clamp fix")
+    git(fake.upstream, "tag", "v2", landed)
+    elsewhere = _release(fake, {CORE: ("def double(x):", "def double(x):  # a release branch")}, "elsewhere")
+    git(fake.upstream, "tag", "v3", elsewhere)
+    with_commit = parse_patch(Path(patch.path), patch.raw.replace(b"Fix-Id:", f"Upstream-Commit: {landed[:10]}\n"
+                                                                              f"Fix-Id:".encode()))
+    assert behaviour.by_history(fake.upstream, "v2", None, with_commit) == \
+        f"Upstream-Commit {landed[:10]} is an ancestor of v2"
+    assert behaviour.by_history(fake.upstream, "v3", "v1", with_commit) is None  # not an ancestor: no answer
+    same = git(fake.upstream, "commit-tree", git(fake.upstream, "rev-parse", f"{_commit_of(fake, patch)}^{{tree}}").strip(),
+               "-p", fake.base, "-m", "upstream's own commit of the same change").strip()
+    git(fake.upstream, "tag", "v4", same)
+    found = behaviour.by_history(fake.upstream, "v4", "v1", patch)
+    assert found == f"commit {same[:12]} since v1 has the patch's git patch-id --stable", found
+    assert behaviour.by_history(fake.upstream, "v9", "v1", patch) is None  # no such tag
+    ctx = _ctx(fake)
+    assert upstream_clone(ctx) is None  # --source sdist/auto: no history asked
+    assert upstream_clone(Context(ctx.cache, ctx.target, ctx.component, "git")) == fake.upstream
+
+
+def _commit_of(fake, patch) -> str:
+    """The patch applied on the fake base, committed (the same change as the patch, another commit)."""
+    tree = fake.root / "am"
+    git(fake.upstream, "worktree", "add", "-q", "--detach", str(tree), fake.base)
+    git(tree, "am", "-q", str(patch.path))
+    return git(tree, "rev-parse", "HEAD").strip()
