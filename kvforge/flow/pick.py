@@ -339,12 +339,15 @@ def _save_state(path: Path, result: PickResult, rows: list[Row], digests: dict[s
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-STATE_KEYS: dict[str, type] = {"fix_id": str, "source": str, "subject": str, "upstream": dict, "digests": dict, "rows": list}
-ROW_TYPES: dict[str, Any] = {"target": str, "component": str, "verdict": str, "detail": str, "signals": list, "patch": (str, type(None)),
-             "commit": (str, type(None)), "repo": (str, type(None)), "tree": (str, type(None)),
-             "tree_head": (str, type(None)), "conflicts": list, "prerequisites": list, "checks": list, "proof": str,
-             "evidence": (dict, type(None)), "position": (int, type(None)), "rewrites": dict, "seconds": (int, float),
-             "data": (str, type(None))}
+STATE_KEYS: dict[str, type] = {"fix_id": str, "source": str, "subject": str, "upstream": dict, "digests": dict,
+                              "rows": list}
+OPT_STR = (str, type(None))
+ROW_TYPES: dict[str, Any] = {"target": str, "component": str, "verdict": str, "detail": str, "signals": list,
+                             "patch": OPT_STR, "commit": OPT_STR, "repo": OPT_STR, "tree": OPT_STR,
+                             "tree_head": OPT_STR,
+                             "conflicts": list, "prerequisites": list, "checks": list, "proof": str,
+                             "evidence": (dict, type(None)), "position": (int, type(None)), "rewrites": dict,
+                             "seconds": (int, float), "data": OPT_STR}
 
 
 def _unusable(path: Path, why: str) -> KvforgeError:
