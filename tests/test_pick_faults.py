@@ -105,13 +105,12 @@ def test_sigterm_during_pick_ends_every_git_process_it_started(picking, upstream
     args = _pick(upstream, "--target", "v0.20.1", "--dry-run")
     assert kv(*args).returncode == 3  # the base and the stack are in the cache: the next run reaches git at once
     marker = str(session_cache.root)
-    for _ in range(2):
-        proc = subprocess.Popen(KVFORGE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        seen = _wait_for_git(proc, marker, (b"reset", b"--hard"))
-        os.kill(proc.pid, signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 143 and "its child processes were ended" in err, (seen, err)
-        assert _git_processes(marker) == [], seen
+    proc = subprocess.Popen(KVFORGE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = _wait_for_git(proc, marker, (b"reset", b"--hard"))
+    os.kill(proc.pid, signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "its child processes were ended" in err, (seen, err)
+    assert _git_processes(marker) == [], seen
     assert _changed(picking) == [] and _state(session_cache.root) == []
 
 
@@ -216,3 +215,34 @@ def test_a_full_disk_while_picking_is_exit_5_and_leaves_nothing(picking, upstrea
     line = one_line(res)
     assert res.returncode == 5 and "No space left on device" in line, res.stderr
     assert list(Path.cwd().iterdir()) == [] and _state(session_cache.root) == [] and _changed(picking) == []
+
+
+@pytest.mark.slow
+def test_a_sigkilled_apply_leaves_a_cache_the_next_apply_repairs(picking, session_cache):
+    """`kvforge apply --into` killed with its git (SIGKILL to the process group) while `git worktree add` makes
+    the stack's worktree (its "initializing" lock) and while git holds the worktree's index.lock; then apply
+    again. Was: exit 5 "git checkout failed in <cache>/trees/.work/v0.20.1-vllm: remove the file manually to
+    continue", and a locked worktree stayed registered."""
+    repo = session_cache.root / "repos" / "vllm-sdist.git"
+    wt = session_cache.root / "trees" / ".work" / "v0.20.1-vllm"
+    dest = Path.cwd() / "tree"
+    for moment in ("locked", "index.lock"):
+        if repo.is_dir():  # the stack is built again, in a worktree made again
+            refs = _git(repo, "for-each-ref", "--format=%(refname)", "refs/kvforge/stacks/v0.20.1/").split()
+            _git(repo, "update-ref", "--stdin", data="".join(f"delete {r}\n" for r in refs).encode())
+            if moment == "locked":
+                subprocess.run(["git", "worktree", "remove", "--force", "--force", str(wt)], cwd=repo,
+                               capture_output=True)
+        proc = subprocess.Popen(KVFORGE + ["apply", "-t", "v0.20.1", "--into", str(dest)], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not list(repo.glob(f"worktrees/{wt.name}*/{moment}")):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait() == -9, moment
+    res = kv("apply", "-t", "v0.20.1", "--into", str(dest))
+    assert res.returncode == 0, res.stderr
+    listing = _git(repo, "worktree", "list", "--porcelain").splitlines()
+    assert not [ln for ln in listing if ln.startswith(("locked", "prunable"))], listing
+    assert len(_git(dest, "log", "--format=%s", "kvforge/base/v0.20.1..kvforge/v0.20.1").splitlines()) == 5

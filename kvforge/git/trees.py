@@ -11,8 +11,10 @@ stack costs nothing next time. kvforge owns these worktrees; users never get the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,8 +206,47 @@ def _stack_from_rev(ctx: Context, from_rev: str) -> Stack:
 
 # ---------------------------------------------------------------- building from the series files
 
+STALE_LOCK = 60.0  # seconds after which a `git worktree add` still "initializing" a missing directory is dead
+
+
 def _ensure_worktree(base: Base, worktree: Path) -> None:
-    ensure_worktree(base.repo, worktree, base.commit)  # a git am an earlier run died inside is aborted
+    """The stack's worktree, made or reused (a git am an earlier run died inside is aborted), after repairing
+    what a killed kvforge left in the cache (`repair_worktrees`). Called under the stack's lock."""
+    repair_worktrees(base.repo, worktree)
+    ensure_worktree(base.repo, worktree, base.commit)
+
+
+def repair_worktrees(repo: Path, mine: Path) -> None:
+    """kvforge owns its cache: a kill never leaves it for the user to repair. `mine` is a worktree of `repo` this
+    process holds the lock of: git's lock files in its git directory (index.lock, HEAD.lock: a git killed inside
+    it) and the "initializing" lock of a `git worktree add` killed before it finished are removed. Every
+    registration of a worktree under the same `.work` directory whose directory is gone is pruned, locked or
+    not (a lock older than STALE_LOCK: no live `git worktree add` is that slow before its directory exists)."""
+    admin = Path(repo) / "worktrees"
+    if not admin.is_dir():
+        return
+    work = mine.parent.resolve()
+    now = time.time()
+    pruned = False
+    for entry in admin.iterdir():
+        try:
+            target = Path((entry / "gitdir").read_text(encoding="utf-8").strip()).parent
+        except (OSError, UnicodeDecodeError):
+            continue
+        locked = entry / "locked"
+        if target == mine or target.resolve() == mine.resolve():
+            for name in ("index.lock", "HEAD.lock"):
+                (entry / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                if locked.read_text(encoding="utf-8").strip() == "initializing":
+                    locked.unlink()
+        elif target.parent.resolve() == work and not target.exists():
+            with contextlib.suppress(OSError):
+                if now - locked.stat().st_mtime > STALE_LOCK:
+                    locked.unlink()
+            pruned = True
+    if pruned:
+        gitutil.run(repo, "worktree", "prune", check=False)
 
 
 def read_stack_refs(repo: Path, prefix: str, size: int) -> list[str] | None:
