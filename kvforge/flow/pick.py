@@ -19,7 +19,10 @@ Writing: kvforge.flow.pickwrite, one transaction of the project once every row i
 kvforge.project.transaction.CRASH_STEPS) leaves patches/ and targets/ the old ones or the complete new ones
 once the next kvforge command that writes the project (every `kvforge pick` first) has recovered. A pick that
 stopped keeps its state in <cache>/pick/<project>/state.json until `--continue` (reads the resolved trees,
-then writes) or `--abort` (the user's trees stay).
+then writes) or `--abort` (the user's trees stay). The state is type-checked on load (an unusable one is one
+line, exit 2, naming the file; `--abort` forgets it). Options are checked before anything is made (`--fix-id`,
+`--exclude`, every target's `--after`); a run that fails removes the trees it made; `--dry-run` writes nothing
+in any state (`--continue --dry-run` leaves `git am --continue` to the user's tree).
 """
 
 from __future__ import annotations
