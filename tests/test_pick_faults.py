@@ -101,7 +101,8 @@ def _wait_for_git(proc: subprocess.Popen, marker: str, words: tuple[bytes, ...],
 @pytest.mark.slow
 def test_sigterm_during_pick_ends_every_git_process_it_started(picking, upstream, session_cache):
     """Was: exit 143 and "its child processes were ended", while `git worktree add` and the `git reset --hard`
-    it runs kept running (GitPython's call is not ended by an exception; git's own helpers are its children)."""
+    it runs kept running (GitPython's call is not ended by an exception; git's own helpers are its children);
+    and a SIGKILLed pick's scratch worktree stayed in the cache, registered, for good."""
     args = _pick(upstream, "--target", "v0.20.1", "--dry-run")
     assert kv(*args).returncode == 3  # the base and the stack are in the cache: the next run reaches git at once
     marker = str(session_cache.root)
@@ -112,6 +113,19 @@ def test_sigterm_during_pick_ends_every_git_process_it_started(picking, upstream
     assert proc.returncode == 143 and "its child processes were ended" in err, (seen, err)
     assert _git_processes(marker) == [], seen
     assert _changed(picking) == [] and _state(session_cache.root) == []
+    # SIGKILL (no cleanup can run) at the same moment, to kvforge and its git: the next pick removes the
+    # dead run's scratch directory and prunes its worktree's registration.
+    proc = subprocess.Popen(KVFORGE + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    _wait_for_git(proc, marker, (b"reset", b"--hard"))
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -9
+    work = session_cache.root / "trees" / ".work"
+    assert list(work.glob(f".pick.{proc.pid}.*"))
+    assert kv(*args).returncode == 3
+    assert list(work.glob(".pick.*")) == []
+    listing = _git(session_cache.root / "repos" / "vllm-sdist.git", "worktree", "list", "--porcelain").splitlines()
+    assert not [ln for ln in listing if ln.startswith(("locked", "prunable"))], listing
 
 
 @pytest.mark.slow
@@ -246,3 +260,4 @@ def test_a_sigkilled_apply_leaves_a_cache_the_next_apply_repairs(picking, sessio
     listing = _git(repo, "worktree", "list", "--porcelain").splitlines()
     assert not [ln for ln in listing if ln.startswith(("locked", "prunable"))], listing
     assert len(_git(dest, "log", "--format=%s", "kvforge/base/v0.20.1..kvforge/v0.20.1").splitlines()) == 5
+

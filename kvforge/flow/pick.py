@@ -31,7 +31,6 @@ import base64
 import contextlib
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -55,7 +54,7 @@ from kvforge.flow.port import copy_preimages
 from kvforge.core.render import table
 from kvforge.project.series import Patch, parse_patch, read_series
 from kvforge.project.targets import Target, display_path, known_targets, load_target, project_root
-from kvforge.git.trees import open_stack
+from kvforge.git.trees import open_stack, scratch_dir
 from kvforge.proof.verify import verify_target
 
 
@@ -544,8 +543,7 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
                 if ctx.target.name not in (exclude or []):
                     _after_position(ctx.series(), after, ctx.label)
         t0 = time.monotonic()
-        scratch = cache.writable("trees", ".work")
-        work = Path(tempfile.mkdtemp(prefix=f".pick.{os.getpid()}.", dir=scratch))
+        work = scratch_dir(cache, "pick")
         try:
             for ctx in ctxs:
                 if ctx.target.name in (exclude or []):
