@@ -202,7 +202,7 @@ def test_a_journal_of_another_version_or_shape_or_outside_paths_touches_nothing(
     listing = sorted(os.listdir(root / "patches"))
     with pytest.raises(KvforgeError) as err:
         settle(root)
-    assert err.value.exit_code == 5 and "unusable transaction journal" in str(err.value) and "\n" not in str(err.value)
+    assert err.value.exit_code == 2 and "unusable transaction journal" in str(err.value) and "\n" not in str(err.value)
     assert snapshot(root) == before and sorted(os.listdir(root / "patches")) == listing and journal.is_file()
     assert not (tmp_path / "elsewhere.toml").exists() and not (tmp_path / "victim.toml").exists()
 

@@ -25,6 +25,7 @@ from kvforge import __version__
 from kvforge.core.errors import EXIT_INTERNAL, EXIT_USAGE, KvforgeError
 from kvforge.core.outcome import Outcome
 from kvforge.core.render import fit, json_text
+from kvforge.git import gitutil
 
 
 VERBOSITY = {"level": 0}  # -q: -1 (no progress lines), -v: 1 (an internal error's traceback on stderr too)
@@ -102,8 +103,9 @@ def handle_errors(fn):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP (a CI timeout, a closed terminal), raised where the process is, so every cleanup
-    that ends a child on KeyboardInterrupt (testrun's pytest process group, subprocess.run's child, the
-    transactions' rollbacks) runs before kvforge exits 128 + the signal's number."""
+    that ends a child on KeyboardInterrupt (testrun's pytest process group, every git call with the helpers
+    git started: kvforge.git.gitutil, subprocess.run's child, the transactions' rollbacks) runs before kvforge exits
+    128 + the signal's number."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -124,6 +126,7 @@ def handle_signals() -> dict:
 
 
 def interrupted(exc: BaseException) -> NoReturn:
+    gitutil.end_all()  # git that other threads started (the main thread's call ended its own on the way out)
     if isinstance(exc, Terminated):
         click.echo(f"kvforge: terminated ({signal.Signals(exc.signum).name}); its child processes were ended",
                    err=True)

@@ -13,6 +13,8 @@ Layout (each entry created by the module named; a leading dot: work in progress 
   trees/.work/<target>-<component>  kvforge's own worktree of a stack, for tests, verify and bench, with
                              <target>-<component>.lock and <target>-<component>.<digest>.outcomes.json (trees)
   trees/.work/rebase-<target>-<component>  the rebase worktree, kept between rebases (rebase)
+  trees/.work/.<kind>.<pid>.*  one run's scratch worktrees and files (kind: pick, import); a dead pid's are
+                             removed by the next run, their worktree registrations pruned (trees)
   trees/.requires/<target>-<component>/<commit>/  a required component's package exported for the
                              components built on it; trees/.requires/<target>-<component>.lock (components)
   rebase/<target>-<component>/  a rebase's state; rebase/.<target>-<component>.lock (rebase)

@@ -15,10 +15,8 @@ directory is the old one or the whole new one. The worktree is removed either wa
 from __future__ import annotations
 
 import email.utils
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from kvforge.flow.picksource import carrier, checks_of
 from kvforge.git import gitutil
 from kvforge.git.context import Context
 from kvforge.git.engine import ApplyFailure, add_worktree, am_series, format_patch, remove_worktree
-from kvforge.git.trees import open_stack
+from kvforge.git.trees import open_stack, scratch_dir
 from kvforge.project import headers
 from kvforge.project.seriesdir import parse_listing
 from kvforge.project.series import parse_patch
@@ -214,9 +212,7 @@ def import_series(ctx: Context, source: str | None, order: Path | None = None, r
                           patches=[Imported(s.name, p.fix_id, p.proposed) for s, p in zip(sources, proposals)])
     base = ctx.base()
     tip = open_stack(ctx).commits[-1] if series.patches else base.commit
-    scratch = ctx.cache.trees / ".work"
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".import.{os.getpid()}.", dir=scratch))
+    work = scratch_dir(ctx.cache, "import")
     wt = work / "tree"
     try:
         files = []

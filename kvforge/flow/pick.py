@@ -19,7 +19,10 @@ Writing: kvforge.flow.pickwrite, one transaction of the project once every row i
 kvforge.project.transaction.CRASH_STEPS) leaves patches/ and targets/ the old ones or the complete new ones
 once the next kvforge command that writes the project (every `kvforge pick` first) has recovered. A pick that
 stopped keeps its state in <cache>/pick/<project>/state.json until `--continue` (reads the resolved trees,
-then writes) or `--abort` (the user's trees stay).
+then writes) or `--abort` (the user's trees stay). The state is type-checked on load (an unusable one is one
+line, exit 2, naming the file; `--abort` forgets it). Options are checked before anything is made (`--fix-id`,
+`--exclude`, every target's `--after`); a run that fails removes the trees it made; `--dry-run` writes nothing
+in any state (`--continue --dry-run` leaves `git am --continue` to the user's tree).
 """
 
 from __future__ import annotations
@@ -28,14 +31,13 @@ import base64
 import contextlib
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kvforge.git import gitutil
 from kvforge.flow import upstream
@@ -46,13 +48,13 @@ from kvforge.flow.pickwrite import (CHANGED_HINT, STOPS, WRITTEN, Row, build_pla
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context, Progress
 from kvforge.git.engine import add_worktree, am_in_progress, am_one, diagnose, format_patch, remove_worktree
-from kvforge.core.errors import EXIT_APPLY, EXIT_TESTS, EXIT_USAGE, KvforgeError
+from kvforge.core.errors import EXIT_APPLY, EXIT_ENV, EXIT_TESTS, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import atomic_write_text, file_lock
 from kvforge.flow.port import copy_preimages
 from kvforge.core.render import table
 from kvforge.project.series import Patch, parse_patch, read_series
 from kvforge.project.targets import Target, display_path, known_targets, load_target, project_root
-from kvforge.git.trees import open_stack
+from kvforge.git.trees import open_stack, scratch_dir
 from kvforge.proof.verify import verify_target
 
 
@@ -339,14 +341,77 @@ def _save_state(path: Path, result: PickResult, rows: list[Row], digests: dict[s
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
-def _load_state(path: Path) -> dict[str, Any] | None:
+STATE_KEYS: dict[str, type] = {"fix_id": str, "source": str, "subject": str, "upstream": dict, "digests": dict,
+                              "rows": list}
+OPT_STR = (str, type(None))
+ROW_TYPES: dict[str, Any] = {"target": str, "component": str, "verdict": str, "detail": str, "signals": list,
+                             "patch": OPT_STR, "commit": OPT_STR, "repo": OPT_STR, "tree": OPT_STR,
+                             "tree_head": OPT_STR,
+                             "conflicts": list, "prerequisites": list, "checks": list, "proof": str,
+                             "evidence": (dict, type(None)), "position": (int, type(None)), "rewrites": dict,
+                             "seconds": (int, float), "data": OPT_STR}
+
+
+def _unusable(path: Path, why: str) -> KvforgeError:
+    return KvforgeError(f"{path}: unusable pick state ({why}); `kvforge pick --abort` forgets it (your trees "
+                        "stay)", EXIT_USAGE)
+
+
+def _check_state(data: Any) -> str | None:
+    """What is wrong with a pick state's shape, None when nothing: every key its readers use, typed."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    for k, tp in STATE_KEYS.items():
+        if not isinstance(data.get(k), tp):
+            return f"{k!r} is missing or not a {tp.__name__}"
+    if not re.match(r"^[a-z0-9][a-z0-9-]*$", data["fix_id"]):
+        return f"fix_id {data['fix_id']!r} is not a Fix-Id"
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data["digests"].items()):
+        return "'digests' is not an object of strings"
+    if "verify" in data and not isinstance(data["verify"], bool):
+        return "'verify' is not a boolean"
+    writing = data.get("writing")
+    if writing is not None:
+        summary = writing.get("summary") if isinstance(writing, dict) else None
+        if not isinstance(summary, dict) or not isinstance(writing.get("after"), dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in writing["after"].items()):
+            return "'writing' is not an object of paths and digests with a summary"
+        if "rows" in summary:
+            why = _check_state({**data, "rows": summary["rows"], "writing": None})
+            if why is not None:
+                return f"writing.summary: {why}"
+    for i, r in enumerate(data["rows"]):
+        if not isinstance(r, dict) or set(r) - set(ROW_TYPES) or {"target", "component", "verdict"} - set(r):
+            return f"rows[{i}] is not a row"
+        for k, v in r.items():
+            if isinstance(v, bool) or not isinstance(v, ROW_TYPES[k]):
+                return f"rows[{i}].{k} has the wrong type"
+        for k in ("tree", "repo"):
+            if r.get(k) is not None and not Path(r[k]).is_absolute():
+                return f"rows[{i}].{k} {r[k]!r} is not an absolute path"
+        names = ([r["patch"]] if r.get("patch") is not None else []) + list(r.get("rewrites", {}))
+        for name in names:  # file names in a series directory: nothing leads out of it
+            if not isinstance(name, str) or not re.match(r"^[0-9]{4}-[A-Za-z0-9][A-Za-z0-9._-]*\.patch$", name):
+                return f"rows[{i}] names the patch file {name!r}, not a file name in a series directory"
+    return None
+
+
+def _load_state(path: Path, forgiving: bool = False) -> dict[str, Any] | None:
+    """The stopped pick's state, type-checked (one line naming the file and `--abort`, exit 2); `forgiving`
+    (--abort): an unusable state is returned as an empty one, so the user can always get out."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise KvforgeError(f"{path}: unreadable pick state ({exc}); `kvforge pick --abort` forgets it "
-                           "(your trees stay)", EXIT_USAGE) from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        why = _check_state(data)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        why = str(exc)
+    if why is None:
+        return data
+    if forgiving:
+        return {"fix_id": "?", "source": "?", "subject": "", "upstream": {}, "digests": {}, "rows": [],
+                "unusable": why}
+    raise _unusable(path, why) from None
 
 
 # ---------------------------------------------------------------- the command
@@ -396,6 +461,18 @@ def _prove(cache: Cache, rows: list[Row], progress: Progress) -> None:
             r.proof = "failed: the picked patch's Checks"
 
 
+@contextlib.contextmanager
+def _state_lock(cache: Cache, spath: Path, progress: Progress, dry_run: bool) -> Iterator[None]:
+    """The lock of the pick state (the cache checked writable first: exit 5); a dry run takes none (it writes
+    nothing, and the state is replaced atomically)."""
+    if dry_run:
+        yield
+        return
+    cache.writable(spath.parent.parent.name)
+    with file_lock(spath.parent.parent / f"{spath.parent.name}.lock", progress, "the pick state"):
+        yield
+
+
 def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targets: list[str] | None = None,
          component: str | None = None, fix_id: str | None = None, dry_run: bool = False, verify: bool = False,
          exclude: list[str] | None = None, action: str = "start", signoff: str | None = None,
@@ -405,10 +482,18 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
     start = time.monotonic()
     root = project_root()
     spath = state_path(cache, root)
-    with file_lock(spath.parent.parent / f"{spath.parent.name}.lock", progress, "the pick state"):
+    if fix_id is not None and not re.match(r"^[a-z0-9][a-z0-9-]*$", fix_id):
+        raise KvforgeError(f"--fix-id {fix_id!r}: a Fix-Id is a lowercase slug [a-z0-9][a-z0-9-]*", EXIT_USAGE)
+    if exclude:
+        known = known_targets()
+        unknown = [e for e in exclude if e not in known]
+        if unknown:
+            raise KvforgeError(f"--exclude {unknown[0]}: no such target (targets: {', '.join(known) or 'none'})",
+                               EXIT_USAGE)
+    with _state_lock(cache, spath, progress, dry_run):
         if not dry_run:
             recover(root, progress)
-        state = _load_state(spath)
+        state = _load_state(spath, forgiving=action == "abort")
         finished = written_by(state) if state is not None and not dry_run else None
         if finished is not None:  # its write was finished (by whichever command came first): the pick is over
             spath.unlink(missing_ok=True)
@@ -421,10 +506,16 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
         if action == "abort":
             if state is None:
                 raise KvforgeError("no pick in progress", EXIT_USAGE)
-            shutil.rmtree(spath.parent, ignore_errors=True)
             trees = [r["tree"] for r in state["rows"] if r.get("tree")]
-            res = PickResult(state["fix_id"], state["source"], state["subject"], state["upstream"], [], "aborted")
-            res.notes = [f"your tree {t} is left as it is" for t in trees]
+            res = PickResult(state["fix_id"], state["source"], state["subject"], state["upstream"], [],
+                             "dry-run" if dry_run else "aborted")
+            if dry_run:
+                res.notes = [f"dry run: would forget the pick state {spath}"]
+            else:
+                shutil.rmtree(spath.parent, ignore_errors=True)
+                if "unusable" in state:
+                    res.notes = [f"forgot the unusable pick state {spath} ({state['unusable']})"]
+            res.notes += [f"your tree {t} is left as it is" for t in trees]
             return res
         if action == "continue":
             if state is None:
@@ -438,17 +529,21 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
         change = load_source(source, repo_dir, component, cache, progress)
         fid = fix_id or change.fix_id or default_fix_id(change.subject)
         if not re.match(r"^[a-z0-9][a-z0-9-]*$", fid):
-            raise KvforgeError(f"--fix-id {fid!r}: a Fix-Id is a lowercase slug [a-z0-9][a-z0-9-]*", EXIT_USAGE)
+            what = "its Fix-Id" if fix_id is None else "--fix-id"
+            raise KvforgeError(f"{change.source}: {what} {fid!r} is not a lowercase slug [a-z0-9][a-z0-9-]*; "
+                               "give one with --fix-id", EXIT_USAGE)
         ident = carrier(root, signoff)
         ctxs = _contexts(cache, change.component, targets, progress, base_source)
         info = {"pr": change.pr_url, "commit": change.commits[-1][:12] if change.commits else None,
                 "first_release": change.first_release, "open": change.pr_open, "paths": change.paths}
         result = PickResult(fid, change.source, change.subject, info, [], "stopped", verify=verify)
         result.digests = digests_of([Row(c.target.name, c.component.name, "") for c in ctxs])
+        if after:
+            for ctx in ctxs:
+                if ctx.target.name not in (exclude or []):
+                    _after_position(ctx.series(), after, ctx.label)
         t0 = time.monotonic()
-        scratch = cache.trees / ".work"
-        scratch.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".pick.{os.getpid()}.", dir=scratch))
+        work = scratch_dir(cache, "pick")
         try:
             for ctx in ctxs:
                 if ctx.target.name in (exclude or []):
@@ -457,11 +552,29 @@ def pick(cache: Cache, source: str | None, *, repo_dir: Path | None = None, targ
                 progress(f"deciding {ctx.label}")
                 result.rows.append(decide_row(ctx, change, fid, ident, work, dry_run,
                                               Path(tree_dir or Path.cwd()).absolute(), after))
+        except BaseException as exc:
+            _forget_trees(result.rows)  # a refused pick leaves nothing of its own behind
+            if isinstance(exc, OSError):
+                raise _write_failed(exc, work) from None
+            raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
         result.seconds["decide"] = round(time.monotonic() - t0, 3)
         result.seconds["signals"] = round(sum(r.seconds for r in result.rows), 3)
         return _finish(cache, root, spath, result, dry_run, progress, start)
+
+
+def _forget_trees(rows: list[Row]) -> None:
+    """Remove the trees this run made at a conflict (before any state names them, nobody else has them)."""
+    for r in rows:
+        if r.tree:
+            shutil.rmtree(r.tree, ignore_errors=True)
+
+
+def _write_failed(exc: OSError, where: Path) -> KvforgeError:
+    """A full disk or an unwritable directory while picking: one line, exit 5, nothing of the pick kept."""
+    path = exc.filename or where
+    return KvforgeError(f"cannot write {path}: {exc.strerror or exc}; nothing of the pick was kept", EXIT_ENV)
 
 
 def _finish(cache: Cache, root: Path, spath: Path, result: PickResult, dry_run: bool, progress: Progress,
@@ -472,7 +585,11 @@ def _finish(cache: Cache, root: Path, spath: Path, result: PickResult, dry_run: 
         if dry_run:
             result.status = "dry-run"
             return result
-        _save_state(spath, result, rows, digests)
+        try:
+            _save_state(spath, result, rows, digests)
+        except OSError as exc:
+            _forget_trees(rows)
+            raise _write_failed(exc, spath) from None
         result.next_steps = [f"resolve in {r.tree}, `git add` the files (kvforge runs `git am --continue`)"
                              for r in rows if r.tree and r.verdict in ("conflict", "needs prerequisite")]
         result.next_steps += ["kvforge pick --continue   (or --continue --exclude TARGET, or --abort)"]
@@ -507,6 +624,7 @@ def _finish(cache: Cache, root: Path, spath: Path, result: PickResult, dry_run: 
 def _continue(cache: Cache, root: Path, spath: Path, state: dict[str, Any], exclude: list[str], verify: bool,
               dry_run: bool, progress: Progress, start: float) -> PickResult:
     rows = [Row(**r) for r in state["rows"]]
+    pending: list[str] = []  # --dry-run: what --continue would do in the user's trees
     for r in rows:
         if r.target in exclude and r.verdict not in ("present", "carried"):
             r.verdict, r.detail = "excluded", "--exclude" + (f"; your tree {r.tree} is left as it is" if r.tree else "")
@@ -521,6 +639,11 @@ def _continue(cache: Cache, root: Path, spath: Path, state: dict[str, Any], excl
             if unmerged:
                 raise KvforgeError(f"{r.label}: {', '.join(unmerged)} still conflict in {tree}; resolve, `git add`, "
                                    "then --continue", EXIT_APPLY)
+            if dry_run:  # `git am --continue` would commit in the user's tree
+                pending.append(f"`git am --continue` in {tree}")
+                r.detail = f"resolved in {tree}, not committed yet (was {r.verdict}: {r.detail})"
+                r.verdict = "resolved"
+                continue
             res = gitutil.run(tree, "am", "--continue", check=False)
             if res.returncode != 0:
                 raise KvforgeError(f"{r.label}: `git am --continue` in {tree} failed: "
@@ -552,4 +675,8 @@ def _continue(cache: Cache, root: Path, spath: Path, state: dict[str, Any], excl
     if changed:
         raise KvforgeError(f"{display_path(Path(changed[0]))} changed since the pick read it; nothing was written"
                            + CHANGED_HINT, EXIT_USAGE)
+    if pending:
+        result.status = "dry-run"
+        result.notes.append("dry run: would run " + ", ".join(pending) + ", then write the picked patches")
+        return result
     return _finish(cache, root, spath, result, dry_run, progress, start)

@@ -197,6 +197,8 @@ def from_pr(spec: str, component: str | None, cache: Cache, say: Progress) -> Ch
     """An upstream PR (number, or URL of vLLM or vllm-ascend): its .patch and description from GitHub."""
     m = PR_URL.match(spec)
     comp = m.group(2) if m else (component or "vllm")
+    if comp not in REPOS:
+        raise KvforgeError(f"--component {comp}: a PR comes from {' or '.join(REPOS)}", EXIT_USAGE)
     number = m.group(3) if m else spec
     repo = REPOS[comp]
     if os.environ.get("KVFORGE_OFFLINE") == "1":

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvforge.core.errors import EXIT_USAGE, KvforgeError
+from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import atomic_write_text
 from kvforge.git.context import Progress
 from kvforge.project import seriesdir, transaction
@@ -178,10 +178,14 @@ def commit_all(root: Path, plan: Plan, digests: dict[str, str], say: Progress, s
     with transaction.open_transaction(root, "pick", say, dirs=dirs, hint=CHANGED_HINT) as tx:
         for path, want in digests.items():
             tx.expect(Path(path), want)
-        after = {d: tx.stage_dir(Path(d), files, keep=plan.keep.get(d, [])) for d, files in plan.dirs.items()}
-        after |= {path: tx.stage_file(Path(path), text.encode("utf-8")) for path, text in plan.targets.items()}
-        if state is not None and state.is_file():
-            _mark_writing(state, after, summary)
+        try:
+            after = {d: tx.stage_dir(Path(d), files, keep=plan.keep.get(d, [])) for d, files in plan.dirs.items()}
+            after |= {path: tx.stage_file(Path(path), text.encode("utf-8")) for path, text in plan.targets.items()}
+            if state is not None and state.is_file():
+                _mark_writing(state, after, summary)
+        except OSError as exc:  # a full disk or a read-only directory before the commit point: all undone
+            raise KvforgeError(f"cannot write {exc.filename or root}: {exc.strerror or exc}; nothing was written",
+                               EXIT_ENV) from None
         tx.commit()
     if state is not None:
         state.unlink(missing_ok=True)

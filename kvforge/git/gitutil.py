@@ -2,21 +2,25 @@
 
 LC_ALL=C (so messages can be parsed), kvforge's committer identity (commits never depend on the
 user's git config) and HERMETIC config (no hooks, no autocrlf, no quoted paths) are fixed here.
-GitPython executes the calls; calls that feed standard input go through subprocess with the same
-environment. A commit's files leave the repository through `archive`/`export` (one `git archive`).
+Every git process is registered while it runs and, when its call is interrupted (Ctrl-C, SIGTERM,
+SIGHUP: kvforge.cli.finish raises in the main thread) or times out, ended together with the helpers
+git started (`worktree add` runs `reset --hard`): SIGTERM, then SIGKILL, so nothing git started
+outlives kvforge. `end_all` ends what is still running from any thread. A commit's files leave the
+repository through `archive`/`export`.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import tarfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence, overload
-
-import git
 
 from kvforge.core.errors import EXIT_ENV, KvforgeError
 
@@ -75,21 +79,22 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
     """
     cmd = ["git", *HERMETIC, *args]
     out: str | bytes
+    data = stdin.encode() if isinstance(stdin, str) else stdin
     try:
-        if stdin is None and not binary:
-            code, out, err = git.Git(str(cwd)).execute(
-                cmd, with_extended_output=True, with_exceptions=False,
-                env={**COMMITTER, **(env or {})}, kill_after_timeout=timeout)
-        else:
-            data = stdin.encode() if isinstance(stdin, str) else stdin
-            proc = subprocess.run(cmd, cwd=cwd, input=data, capture_output=True, timeout=timeout,
-                                  env=_plain_env(env))
-            code, err = proc.returncode, proc.stderr.decode(errors="replace")
-            out = proc.stdout if binary else proc.stdout.decode(errors="replace").rstrip("\n")
-    except (git.GitCommandNotFound, FileNotFoundError) as exc:
-        if isinstance(exc, FileNotFoundError) and not Path(cwd).is_dir():
+        proc = _start(cmd, cwd, env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                      stdout=subprocess.PIPE)
+    except FileNotFoundError:
+        if not Path(cwd).is_dir():
             raise KvforgeError(f"{cwd}: directory does not exist", EXIT_ENV) from None
         raise KvforgeError("git is not installed or not on PATH", EXIT_ENV) from None
+    try:
+        raw, raw_err = proc.communicate(data, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raw, raw_err = b"", f"git {args[0]}: timed out after {timeout}s".encode()
+    finally:
+        end(proc)
+    code, err = proc.returncode, raw_err.decode(errors="replace")
+    out = raw if binary else raw.decode(errors="replace").rstrip("\n")
     res: Result | BinaryResult = (BinaryResult(code, out, err) if isinstance(out, bytes)
                                   else Result(code, out, err))
     if check and code != 0:
@@ -100,14 +105,111 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
 
 
 def _plain_env(extra: dict | None = None) -> dict:
-    """What GitPython sets up for its own calls, for the calls made through subprocess directly."""
+    """The environment of every git call: the user's, C messages, kvforge's committer, then `extra`."""
     return {**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(extra or {})}
 
 
+_LIVE: set[subprocess.Popen] = set()  # git processes started and not yet ended (every thread's)
+_LIVE_LOCK = threading.Lock()
+GRACE = 2.0  # seconds git and its helpers have to exit on SIGTERM (their own cleanup: lock files) before SIGKILL
+
+
+def _start(cmd: list[str], cwd: Path, env: dict | None, *, stdin: int, stdout: int) -> subprocess.Popen:
+    """Start git, registered until `end` (see the module docstring)."""
+    with _LIVE_LOCK:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+                                env=_plain_env(env))
+        _LIVE.add(proc)
+    return proc
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None when gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every live process below `pid` (Linux /proc; none elsewhere): pid -> its start time (a reused pid differs)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if name.isdigit() and (fields := _stat(int(name))) is not None:
+            children.setdefault(int(fields[1]), []).append((int(name), fields[19]))
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child, start in children.get(todo.pop(), []):
+            if child not in out:
+                out[child] = start
+                todo.append(child)
+    return out
+
+
+def _alive(pid: int, start: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[19] == start
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Unregister `proc` and, unless git exited by itself, end it and every helper it started (`worktree add`
+    runs `reset --hard`, `am` runs `apply`): SIGTERM to all of them (git removes its lock files), up to GRACE
+    seconds, then SIGKILL to what is left. Helpers are found before their parent ends (they are reparented)."""
+    with _LIVE_LOCK:
+        if proc not in _LIVE:
+            return
+        _LIVE.discard(proc)
+    if proc.poll() is None:
+        helpers: dict[int, str] = {}
+        deadline = time.monotonic() + GRACE
+        while proc.poll() is None and time.monotonic() < deadline:
+            found = _descendants(proc.pid)
+            for pid, start in found.items():
+                if pid not in helpers:
+                    _kill(pid, signal.SIGTERM)
+            helpers |= found
+            if proc.returncode is None:
+                _kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.01)
+        if proc.poll() is None:
+            helpers |= _descendants(proc.pid)
+            proc.kill()
+        proc.wait()
+        while time.monotonic() < deadline and any(_alive(p, s) for p, s in helpers.items()):
+            time.sleep(0.01)
+        for pid, start in helpers.items():
+            if _alive(pid, start):
+                _kill(pid, signal.SIGKILL)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def end_all() -> None:
+    """End every git process still running (any thread's) and its helpers: what an interrupted kvforge does last."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        end(proc)
+
+
 def popen(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """Start a git process with stdin/stderr pipes, for streams fed while they run (fast-import)."""
-    return subprocess.Popen(["git", *HERMETIC, *args], cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=_plain_env(env))
+    """Start a git process with stdin/stderr pipes, for streams fed while they run (fast-import); the caller
+    waits for it and then calls `end` (which ends it and its helpers if it was interrupted)."""
+    return _start(["git", *HERMETIC, *args], cwd, env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
 
 
 def run_many(cwd: Path, calls: Sequence[Sequence[str]], env: dict | None = None, jobs: int = 0) -> list[Result]:
@@ -120,6 +222,7 @@ def run_many(cwd: Path, calls: Sequence[Sequence[str]], env: dict | None = None,
 
     def collect(k: int, proc: subprocess.Popen) -> None:
         out, err = proc.communicate()
+        end(proc)
         results[k] = Result(proc.returncode, out.decode(errors="replace").rstrip("\n"), err.decode(errors="replace"))
 
     try:
@@ -127,8 +230,7 @@ def run_many(cwd: Path, calls: Sequence[Sequence[str]], env: dict | None = None,
             if len(running) >= width:
                 collect(*running.pop(0))
             try:
-                proc = subprocess.Popen(["git", *HERMETIC, *args], cwd=cwd, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_plain_env(env))
+                proc = _start(["git", *HERMETIC, *args], cwd, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
             except FileNotFoundError:
                 if not Path(cwd).is_dir():
                     raise KvforgeError(f"{cwd}: directory does not exist", EXIT_ENV) from None
@@ -138,9 +240,7 @@ def run_many(cwd: Path, calls: Sequence[Sequence[str]], env: dict | None = None,
             collect(*running.pop(0))
     finally:
         for _k, proc in running:  # interrupted: end what is still running
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            end(proc)
     return [r for r in results if r is not None]
 
 

@@ -11,14 +11,19 @@ stack costs nothing next time. kvforge owns these worktrees; users never get the
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvforge.git import gitutil
 from kvforge.git.bases import Base
-from kvforge.core.cache import REF_FROM, REF_STACKS
+from kvforge.core.cache import REF_FROM, REF_STACKS, Cache
 from kvforge.git.context import Context, Progress
 from kvforge.git.engine import am_in_progress, am_series, ensure_worktree, format_patch
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
@@ -204,8 +209,75 @@ def _stack_from_rev(ctx: Context, from_rev: str) -> Stack:
 
 # ---------------------------------------------------------------- building from the series files
 
+def scratch_dir(cache: Cache, kind: str) -> Path:
+    """A new directory <cache>/trees/.work/.<kind>.<pid>.* for one run's worktrees and files (the cache checked
+    writable: exit 5). Those of dead kvforge processes (killed: no cleanup ran) are removed first; their worktree
+    registrations are pruned by `repair_worktrees`."""
+    work = cache.writable("trees", ".work")
+    for old in work.glob(f".{kind}.*.*"):
+        if _dead_run(old):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{kind}.{os.getpid()}.", dir=work))
+
+
+def _dead_run(path: Path) -> bool:
+    """`path` is a scratch directory (`scratch_dir`) of a kvforge process that is gone."""
+    parts = path.name.split(".")
+    return len(parts) > 3 and parts[0] == "" and parts[2].isdigit() and not _running(int(parts[2]))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+STALE_LOCK = 60.0  # seconds after which a `git worktree add` still "initializing" a missing directory is dead
+
+
 def _ensure_worktree(base: Base, worktree: Path) -> None:
-    ensure_worktree(base.repo, worktree, base.commit)  # a git am an earlier run died inside is aborted
+    """The stack's worktree, made or reused (a git am an earlier run died inside is aborted), after repairing
+    what a killed kvforge left in the cache (`repair_worktrees`). Called under the stack's lock."""
+    repair_worktrees(base.repo, worktree)
+    ensure_worktree(base.repo, worktree, base.commit)
+
+
+def repair_worktrees(repo: Path, mine: Path) -> None:
+    """kvforge owns its cache: a kill never leaves it for the user to repair. `mine` is a worktree of `repo` this
+    process holds the lock of: git's lock files in its git directory (index.lock, HEAD.lock: a git killed inside
+    it) and the "initializing" lock of a `git worktree add` killed before it finished are removed. Every
+    registration of a worktree under the same `.work` directory (or a run's scratch directory in it) whose
+    directory is gone is pruned, locked or not (locked: by a dead run, or for longer than STALE_LOCK: no live
+    `git worktree add` is that slow before its directory exists)."""
+    admin = Path(repo) / "worktrees"
+    if not admin.is_dir():
+        return
+    work = mine.parent.resolve()
+    now = time.time()
+    pruned = False
+    for entry in admin.iterdir():
+        try:
+            target = Path((entry / "gitdir").read_text(encoding="utf-8").strip()).parent
+        except (OSError, UnicodeDecodeError):
+            continue
+        locked = entry / "locked"
+        if target == mine or target.resolve() == mine.resolve():
+            for name in ("index.lock", "HEAD.lock"):
+                (entry / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                if locked.read_text(encoding="utf-8").strip() == "initializing":
+                    locked.unlink()
+        elif not target.exists() and work in (target.parent.resolve(), target.parent.parent.resolve()):
+            with contextlib.suppress(OSError):
+                if _dead_run(target.parent) or now - locked.stat().st_mtime > STALE_LOCK:
+                    locked.unlink()
+            pruned = True
+    if pruned:
+        gitutil.run(repo, "worktree", "prune", check=False)
 
 
 def read_stack_refs(repo: Path, prefix: str, size: int) -> list[str] | None:

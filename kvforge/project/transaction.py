@@ -28,8 +28,8 @@ digest is ABSENT; it happens only where the path still has the digest read.
 The journal (JOURNAL_VERSION, type-checked on load): the operation, and per directory and file its path
 relative to the root, its digest as read and once written, its new bytes (a directory's kept entries are
 named, copied from where they were), and the staged copy. Every path is checked to stay inside the root
-before anything is written or removed; a journal of another version or shape is one line (exit 5) and
-nothing is touched.
+before anything is written or removed; a journal of another version or shape is one line (exit 2) naming it
+and the `mv` that moves it out of the way, and nothing is touched.
 
 Recovery (`open_transaction`, under the locks: the one recovery path, which every command that writes the
 project runs first): a journal means the kill came after the commit point: each path it names whose digest
@@ -209,7 +209,7 @@ def _b64(data: str, where: str) -> bytes:
 
 def load_journal(root: Path) -> Journal | None:
     """The journal of the transaction a kill interrupted past its commit point, None without one; every path
-    in it checked (a one-line KvforgeError, exit 5, naming the file; nothing is touched)."""
+    in it checked (a one-line KvforgeError, exit 2, naming the file and how to move it away; nothing is touched)."""
     path = root / JOURNAL
     if not path.exists():
         return None
@@ -232,8 +232,8 @@ def load_journal(root: Path) -> Journal | None:
             _inside(root, f.path, f"files[{i}].path")
             _b64(f.data, f"files[{i}].data")
     except (OSError, UnicodeDecodeError, ValueError, _Malformed) as exc:
-        raise KvforgeError(f"{path}: unusable transaction journal ({exc}); nothing was written or removed "
-                           "(look at it, then move it away)", EXIT_ENV) from None
+        raise KvforgeError(f"{path}: unusable transaction journal ({exc}); nothing was written or removed; look at "
+                           f"it, then `mv {path} {path}.unusable` and run the command again", EXIT_USAGE) from None
     return j
 
 
