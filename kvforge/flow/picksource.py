@@ -118,6 +118,8 @@ def _component_of(repo: Path, given: str | None) -> str:
 def from_repo(repo_dir: Path, rev: str, component: str | None) -> Change:
     """A commit (or A..B, picked as one change) of a local clone."""
     repo = Path(repo_dir).expanduser()
+    if not repo.is_dir():
+        raise KvforgeError(f"--repo {repo_dir}: no such directory", EXIT_USAGE)
     if gitutil.run(repo, "rev-parse", "--git-dir", check=False).returncode != 0:
         raise KvforgeError(f"--repo {repo_dir}: not a git repository", EXIT_USAGE)
     git_dir = gitutil.run(repo, "rev-parse", "--absolute-git-dir").stdout.strip()

@@ -5,7 +5,8 @@ user's git config) and HERMETIC config (no hooks, no autocrlf, no quoted paths) 
 Every git process is registered while it runs and, when its call is interrupted (Ctrl-C, SIGTERM,
 SIGHUP: kvforge.cli.finish raises in the main thread) or times out, ended together with the helpers
 git started (`worktree add` runs `reset --hard`): SIGTERM, then SIGKILL, so nothing git started
-outlives kvforge. `end_all` ends what is still running from any thread. A commit's files leave the
+outlives kvforge. `end_all` ends what is still running from any thread. GitPython starts every call (the
+thin runner the project chose); this module keeps the process to end it. A commit's files leave the
 repository through `archive`/`export`.
 """
 
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence, overload
+
+import git
 
 from kvforge.core.errors import EXIT_ENV, KvforgeError
 
@@ -115,10 +118,21 @@ GRACE = 2.0  # seconds git and its helpers have to exit on SIGTERM (their own cl
 
 
 def _start(cmd: list[str], cwd: Path, env: dict | None, *, stdin: int, stdout: int) -> subprocess.Popen:
-    """Start git, registered until `end` (see the module docstring)."""
+    """Start git through GitPython (the runner: its environment, C messages), registered until `end` (see the
+    module docstring). GitPython's handle is detached (`proc = None`): the Popen is ours to end, never killed by
+    the handle's finaliser. A missing directory or git is FileNotFoundError; GitPython would run git in the
+    current directory instead of one it cannot enter, so that is refused here."""
+    if not Path(cwd).is_dir():
+        raise FileNotFoundError(str(cwd))
+    if not os.access(cwd, os.X_OK):
+        raise KvforgeError(f"{cwd}: cannot enter the directory (permission denied)", EXIT_ENV)
     with _LIVE_LOCK:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
-                                env=_plain_env(env))
+        try:
+            handle = git.Git(str(cwd)).execute(cmd, as_process=True, istream=stdin if stdin == subprocess.PIPE else None,
+                                               with_stdout=stdout == subprocess.PIPE, env={**COMMITTER, **(env or {})})
+        except git.GitCommandNotFound as exc:
+            raise FileNotFoundError("git") from exc
+        proc, handle.proc = handle.proc, None
         _LIVE.add(proc)
     return proc
 
