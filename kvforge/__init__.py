@@ -4,7 +4,7 @@ Packages, from the top layer down (pyproject's import-linter contracts keep impo
 cli (the commands) > flow (series through upstream: apply, export, rebase, pick, target add, watch, pr)
 > wheels | bench > proof (tests, verify, selection, audit) > env (test environments) > ci (platform jobs,
 the CI matrix, init's scaffold) > git (plumbing, bases, stacks) > project (target files, series,
-their one transaction) > core (errors, outcomes, files, cache, evidence records).
+their one transaction) > core (errors, outcomes, files, cache, evidence records, the package index).
 """
 
 from pathlib import Path
