@@ -422,9 +422,7 @@ def import_archive(repo: Path, archive: Path, component: Component, digest: str)
             err = stderr.read().decode(errors="replace")
             code = proc.wait()
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            gitutil.end(proc)  # interrupted: fast-import and its helpers end; done: it is no longer tracked
             for pipe in (stdin, stderr):
                 with contextlib.suppress(OSError):
                     pipe.close()
