@@ -13,8 +13,15 @@ a vllm-ascend release is also judged through the vLLM release its Dockerfile bui
 the five fixes both components carry live in vLLM's scheduler code. Without `--mirror` the vllm-ascend
 cells rest on the sdist predicates alone and say so.
 
+`--compare WATCH.json` (the output of `kvforge watch --json`) reads the table in docs/upstream-truth.md instead
+and prints how watch's rows agree with it: a row's answer is `upstream` (decision upstream or upstream (by
+behaviour)), `needed` (the Checks fail without the fix, a port is proven, or a strong signal says upstream
+lacks it), else `cannot tell` (a carried patch no signal judged, a row not checked or that needs a person for
+another reason). Exit 1 when a row answers against the truth (a wrong verdict), else 0.
+
 Usage: python bench/upstream_truth.py [--downloads DIR] [--mirror GITDIR] [--release vllm==0.22.0 ...]
                                       [--format markdown|json]
+       python bench/upstream_truth.py --compare WATCH.json [--truth docs/upstream-truth.md]
 """
 
 from __future__ import annotations
@@ -356,14 +363,60 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(out)
 
 
+TRUTH_ROW = re.compile(r"^\| (vllm|vllm-ascend) \| (\S+) \| (\S+) \| (upstream|needed|cannot tell) \|")
+
+
+def read_truth(doc: Path) -> dict[tuple[str, str, str], str]:
+    """(component, release, Fix-Id) -> upstream | needed | cannot tell, from the doc's table."""
+    return {(m[1], m[2], m[3]): m[4] for m in map(TRUTH_ROW.match, doc.read_text().splitlines()) if m}
+
+
+def watch_answer(row: dict) -> str:
+    """What one `kvforge watch --json` patch row says about the release: upstream | needed | cannot tell."""
+    if row.get("decision") in ("upstream", "upstream (by behaviour)"):
+        return "upstream"
+    if row.get("behaviour") == "needed" or row.get("decision") == "port proven" or \
+            str(row.get("reason") or "").startswith("upstream lacks it"):
+        return "needed"
+    return "cannot tell"
+
+
+def compare(watch_json: Path, doc: Path) -> int:
+    truth = read_truth(doc)
+    counts: dict[str, int] = {}
+    wrong: list[str] = []
+    for rel in json.loads(watch_json.read_text())["releases"]:
+        for chk in rel["checks"]:
+            for row in chk["patches"]:
+                key = (chk["component"], rel["version"], row["fix_id"])
+                said, true = watch_answer(row), truth.get(key, "no truth row")
+                label = (f"agree: {said}" if said == true else f"watch cannot tell (truth: {true})"
+                         if said == "cannot tell" else f"truth cannot tell (watch: {said})"
+                         if true in ("cannot tell", "no truth row") else "WRONG")
+                counts[label] = counts.get(label, 0) + 1
+                if label == "WRONG":
+                    wrong.append(f"{chk['target']} {'/'.join(key)}: watch {row['decision']} ({said}), truth {true}")
+    print("| rows | watch vs truth |\n|---|---|")
+    for label, n in sorted(counts.items()):
+        print(f"| {n} | {label} |")
+    for w in wrong:
+        print(f"wrong: {w}")
+    return 1 if wrong else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compare", type=Path, default=None, metavar="WATCH_JSON",
+                    help="compare a `kvforge watch --json` output with the truth table instead")
+    ap.add_argument("--truth", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "upstream-truth.md")
     ap.add_argument("--downloads", type=Path, default=None, help="the sdists (default: the kvforge cache's)")
     ap.add_argument("--mirror", type=Path, default=None, help="a git directory of vllm-project/vllm-ascend")
     ap.add_argument("--release", action="append", default=[],
                     help="vllm==X or vllm-ascend==X (repeatable; default: every release after the bases)")
     ap.add_argument("--format", choices=("markdown", "json"), default="markdown")
     a = ap.parse_args(argv)
+    if a.compare:
+        return compare(a.compare, a.truth)
     dl = a.downloads or downloads_dir()
     mirror = Mirror(a.mirror) if a.mirror else None
     bad = [r for r in a.release if r.count("==") != 1]

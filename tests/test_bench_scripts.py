@@ -108,6 +108,24 @@ def test_upstream_truth(cache):
     assert re.search(r"^\| vllm \| 0\.33\.0 \| eagle-lookahead-block-hashes \| upstream \|", out, re.M), out
 
 
+def test_upstream_truth_compares_a_watch_with_the_table(tmp_path):
+    """--compare: a row that agrees is counted, a row against the table is 'wrong' and exits 1."""
+    def watch(decision: str, behaviour: str | None) -> Path:
+        row = {"fix_id": "kv-events-token-ids", "decision": decision, "behaviour": behaviour, "reason": ""}
+        doc = {"releases": [{"version": "0.33.0", "checks": [{"component": "vllm", "target": "main",
+                                                               "patches": [row]}]}]}
+        path = tmp_path / f"{decision}.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    script = [sys.executable, str(BENCH / "upstream_truth.py"), "--compare"]
+    good = subprocess.run([*script, str(watch("port proven", "needed?"))], capture_output=True, text=True)
+    assert good.returncode == 0 and "| 1 | agree: needed |" in good.stdout, good.stdout + good.stderr
+    bad = subprocess.run([*script, str(watch("upstream (by behaviour)", "upstream (by behaviour)"))],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "wrong: main vllm/0.33.0/kv-events-token-ids" in bad.stdout, bad.stdout
+
+
 def test_watch_all_releases(cache):
     """The small variant: releases after 0.32.0 (0.33.0) from real PyPI, the sdists linked from this module's cache."""
     out = run([sys.executable, str(BENCH / "watch_all_releases.py"), "--since", "0.32.0", "--downloads-from",
