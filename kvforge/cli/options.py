@@ -1,7 +1,7 @@
 """The options commands share, `--cache-dir` on every command, and the decorators that make a command.
 
 `command(name)` and `group(name)` make a subcommand or a nested group (of `Group`, whose commands get
---cache-dir too); kvforge.cli adds them to the root group. `make_ctx` builds the one Context a command
+--cache-dir too); kvforge.cli.LAZY names them for the root group. `make_ctx` builds the one Context a command
 passes to its library function; it imports kvforge.git.context only when a command runs.
 
 Vocabulary (README.md "Options"): one meaning per option name across commands. `-t/--target` a target;
@@ -189,7 +189,7 @@ class Group(click.Group):
 
 
 def command(name: str, **kwargs):
-    """A subcommand with --cache-dir (kvforge.cli adds it to the root group)."""
+    """A subcommand with --cache-dir (kvforge.cli.LAZY names it for the root group)."""
     decorator = click.command(name, **kwargs)
     return lambda fn: decorator(cache_option(fn))
 
