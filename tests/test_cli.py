@@ -91,7 +91,7 @@ def test_the_lazy_table_is_every_command_with_its_own_help():
         assert (module, getattr(modules[module], attr), line) == real[name], name
 
 
-def test_a_command_loads_its_own_group_only():
+def test_a_command_loads_its_own_group_only(project):
     """`kvforge rebase` imports the rebase command's module and what rebase uses: no other command group, no other
     command's library, no selection scan or audit (target add's rescan) and nothing that builds wheels."""
     code = ("import sys\nfrom kvforge.cli import main\ntry:\n    main(['rebase', '-t', 'nope'])\n"
