@@ -89,6 +89,8 @@ def test_the_lazy_table_is_every_command_with_its_own_help():
     assert sorted(LAZY) == sorted(real)
     for name, (module, attr, line) in LAZY.items():
         assert (module, getattr(modules[module], attr), line) == real[name], name
+    res = kvforge("nope")  # an unknown command is still told the close ones, from the table
+    assert res.exit_code == 2 and "Did you mean 'notes'?" in res.stderr
 
 
 def test_a_command_loads_its_own_group_only(project):

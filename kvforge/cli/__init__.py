@@ -109,6 +109,15 @@ class RootGroup(Group):
         assert isinstance(command, click.Command)
         return command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            # click (8.4 on) names close commands from the group's registered ones; here they are LAZY's.
+            if getattr(exc, "possibilities", True) or not args:
+                raise
+            raise type(exc)(args[0], possibilities=sorted(LAZY), ctx=ctx) from None  # type: ignore[call-arg]
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         limit = formatter.width - 6 - max(map(len, LAZY))
         rows = [(name, click.Command(name, help=LAZY[name][2]).get_short_help_str(limit))
