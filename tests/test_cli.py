@@ -76,7 +76,37 @@ def test_loading_the_cli_loads_no_command_library():
     libraries = ("kvforge.flow", "kvforge.wheels", "kvforge.proof", "kvforge.env", "kvforge.ci", "kvforge.git",
                  "kvforge.bench.")
     assert [m for m in loaded if m.startswith(libraries)] == []
-    assert "kvforge.cli.upstream" in loaded  # every command is registered
+
+
+def test_the_lazy_table_is_every_command_with_its_own_help():
+    """kvforge.cli.LAZY (what --help lists without importing a command module) names each group module's commands,
+    each under its own name and with the first sentence of its own help."""
+    from kvforge.cli import LAZY, adopt, help, proof, series, upstream, wheels
+
+    modules = {"series": series, "proof": proof, "wheels": wheels, "upstream": upstream, "adopt": adopt, "help": help}
+    real = {cmd.name: (module, cmd, cmd.get_short_help_str(10_000)) for module, m in modules.items()
+            for cmd in m.COMMANDS}
+    assert sorted(LAZY) == sorted(real)
+    for name, (module, attr, line) in LAZY.items():
+        assert (module, getattr(modules[module], attr), line) == real[name], name
+    res = kvforge("nope")  # an unknown command is still told the close ones, from the table
+    assert res.exit_code == 2 and "Did you mean 'notes'?" in res.stderr
+
+
+def test_a_command_loads_its_own_group_only(project):
+    """`kvforge rebase` imports the rebase command's module and what rebase uses: no other command group, no other
+    command's library, no selection scan or audit (target add's rescan) and nothing that builds wheels."""
+    code = ("import sys\nfrom kvforge.cli import main\ntry:\n    main(['rebase', '-t', 'nope'])\n"
+            "except SystemExit:\n    pass\nprint(' '.join(sorted(m for m in sys.modules if m.startswith('kvforge.'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = res.stdout.split()
+    assert "unknown target 'nope'" in res.stderr
+    assert "kvforge.cli.upstream" in loaded and "kvforge.flow.rebase.command" in loaded
+    unwanted = ("kvforge.cli.adopt", "kvforge.cli.help", "kvforge.cli.proof", "kvforge.cli.series", "kvforge.cli.wheels",
+                "kvforge.proof.selection", "kvforge.proof.audit", "kvforge.proof.semantic", "kvforge.wheels.build",
+                "kvforge.flow.rebase.retarget", "kvforge.flow.targetadd", "kvforge.flow.pick", "kvforge.flow.pr",
+                "kvforge.flow.watch", "kvforge.bench")
+    assert [m for m in loaded if m.startswith(unwanted)] == []
 
 
 def test_apply_fits_the_terminal(project, base_v0202, tmp_path):
@@ -114,10 +144,11 @@ def test_version_quiet_verbose_and_help_topics(project):
     # every `kvforge help X` a --help names is a topic
     import re
 
-    from kvforge.cli import cli
+    from kvforge.cli import LAZY, cli
 
     named: set[str] = set()
-    for name, cmd in cli.commands.items():
+    for name in LAZY:
+        cmd = cli.get_command(click.Context(cli), name)
         for sub in getattr(cmd, "commands", {}).values() or [cmd]:
             named |= set(re.findall(r"kvforge help (\w+)", (sub.help or "") + " ".join(
                 p.help or "" for p in sub.params if isinstance(p, click.Option))))
@@ -139,7 +170,7 @@ def test_old_spellings_are_hidden_aliases(project, tmp_path):
     assert res.exit_code == 2 and "unknown target 'nope'" in res.stderr and "-t/--target" in res.stderr
     res = kvforge("port", "somefix")
     assert res.exit_code == 2 and "-t/--target" in res.stderr
-    assert {c for c in cli.commands if "--json" not in kvforge(*c.split(), "--help").stdout} <= {"target", "bench",
+    assert {c for c in cli.list_commands(click.Context(cli)) if "--json" not in kvforge(*c.split(), "--help").stdout} <= {"target", "bench",
                                                                                                  "help"}
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from kvforge.core.cache import Cache
-from kvforge.cli.finish import finish, handle_errors
-from kvforge.cli.options import command, component_option, json_option, make_ctx, target_option
+from kvforge.cli.finish import finish
+from kvforge.cli.options import (command, component_option, dry_run_option, json_option, make_ctx, target_option,
+                                 with_cache)
 
 
 @command("import")
@@ -21,10 +22,9 @@ from kvforge.cli.options import command, component_option, json_option, make_ctx
                    "order].")
 @click.option("--repo", "repo", nargs=2, metavar="CLONE BASE..BRANCH",
               help="Import a fork branch: the commits BASE..BRANCH of the clone CLONE, oldest first (no SOURCE).")
-@click.option("--dry-run", is_flag=True, help="Propose the headers and apply the patches; write nothing.")
+@dry_run_option("Propose the headers and apply the patches; write nothing.")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def import_cmd(cache: Cache, target_name: str, source: str | None, component: str | None, order: Path | None,
                repo: tuple[str, str] | None, dry_run: bool, as_json: bool) -> None:
     """Import a team's existing patches into a target's series, all or nothing.

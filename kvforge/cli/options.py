@@ -1,14 +1,15 @@
 """The options commands share, `--cache-dir` on every command, and the decorators that make a command.
 
 `command(name)` and `group(name)` make a subcommand or a nested group (of `Group`, whose commands get
---cache-dir too); kvforge.cli adds them to the root group. `make_ctx` builds the one Context a command
+--cache-dir too); kvforge.cli.LAZY names them for the root group. `make_ctx` builds the one Context a command
 passes to its library function; it imports kvforge.git.context only when a command runs.
 
 Vocabulary (README.md "Options"): one meaning per option name across commands. `-t/--target` a target;
 `--from` a tree or revision (REV|DIR|DIR:REV); `--from-target` a target to start from; `--repo` the upstream git
 repository (a URL or a local clone) kvforge reads from; `--into` a tree kvforge makes; `--out` files kvforge writes;
 `--as` the name of what kvforge makes; `--json` the JSON document (`--format json` where a command has --format).
-An old spelling is a hidden alias (`alias`) for one release, said once on stderr when used.
+An old spelling is a hidden alias (`alias`) for one release, said once on stderr when used. Each option (or block
+of options several commands share) is one decorator here, so its meaning and help are written once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import click
 
 from kvforge.core.cache import Cache
-from kvforge.cli.finish import progress
+from kvforge.cli.finish import handle_errors, progress
 
 
 def make_ctx(cache: Cache, target_name: str, component: str | None = None, **kw):
@@ -128,12 +129,36 @@ torch_index_option = click.option("--torch-index", metavar="URL",
                                        "default: PyTorch's CPU index, then pip's find-links].")
 
 
-def tree_options(fn):
-    """The options of every command that tests or builds a tree: --from, --python, --torch-index,
-    --source, --repo, --json."""
-    for option in (json_option, repo_option, source_option, torch_index_option, python_option, from_option):
-        fn = option(fn)
-    return fn
+def stacked(*decorators):
+    """One decorator for `decorators`, applied as if written one per line in this order (the first outermost)."""
+
+    def apply(fn):
+        for decorate in reversed(decorators):
+            fn = decorate(fn)
+        return fn
+
+    return apply
+
+
+# Where a command's base comes from: --source, --repo.
+base_options = stacked(source_option, repo_option)
+# The command's first parameter is the Cache (the root group's obj); a KvforgeError ends it through `finish`.
+with_cache = stacked(click.pass_obj, handle_errors)
+# The last lines of a command on a target's base: --source, --repo, --json; the Cache first, errors through `finish`.
+base_json_cache = stacked(base_options, json_option, with_cache)
+# The options of every command that tests or builds a tree: --from, --python, --torch-index, --source, --repo, --json.
+tree_options = stacked(from_option, python_option, torch_index_option, base_options, json_option)
+
+
+def targets_option(help: str):
+    """-t/--target, repeatable: the targets a command over several targets looks at."""
+    return click.option("--target", "-t", "target_names", multiple=True, metavar="NAME",
+                        shell_complete=complete_targets, help=help)
+
+
+def dry_run_option(help: str):
+    """--dry-run: `help` says what is printed; nothing is written."""
+    return click.option("--dry-run", is_flag=True, help=help)
 
 
 def cache_option(fn):
@@ -164,7 +189,7 @@ class Group(click.Group):
 
 
 def command(name: str, **kwargs):
-    """A subcommand with --cache-dir (kvforge.cli adds it to the root group)."""
+    """A subcommand with --cache-dir (kvforge.cli.LAZY names it for the root group)."""
     decorator = click.command(name, **kwargs)
     return lambda fn: decorator(cache_option(fn))
 

@@ -11,10 +11,10 @@ import click
 from kvforge.bench import DEFAULT_SCALE as BENCH_DEFAULT_SCALE
 from kvforge.core.cache import Cache
 from kvforge.project.platforms import PLATFORMS
-from kvforge.cli.finish import finish, handle_errors
-from kvforge.cli.options import (EVERY_COMPONENT, command, component_option, component_option_for, group, json_option,
-                                 make_ctx, python_option, repo_option, source_option, target_option, torch_index_option,
-                                 tree_component, tree_options)
+from kvforge.cli.finish import finish
+from kvforge.cli.options import (EVERY_COMPONENT, base_json_cache, command, component_option, component_option_for,
+                                 group, make_ctx, python_option, target_option, torch_index_option, tree_component,
+                                 tree_options, with_cache)
 
 
 @command("env")
@@ -25,11 +25,7 @@ from kvforge.cli.options import (EVERY_COMPONENT, command, component_option, com
               show_default=True, help="The platform whose environment to set up (cuda/npu need --python).")
 @python_option
 @torch_index_option
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool, platform_name: str,
             python: Path | None,
             torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
@@ -61,8 +57,7 @@ def env_cmd(cache: Cache, target_name: str, component: str | None, rebuild: bool
 @click.option("--try", "try_cpu", is_flag=True, help="With --scan: run the modules the selection lacks on the base "
               "tree to see which run on CPU (one of their tests passes).")
 @tree_options
-@click.pass_obj
-@handle_errors
+@with_cache
 def test_cmd(cache: Cache, target_name: str, component: str | None, platform_name: str, on_base: bool,
              keyword: str | None, scan: bool, try_cpu: bool, from_rev: str | None, python: Path | None,
              torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
@@ -90,8 +85,7 @@ def test_cmd(cache: Cache, target_name: str, component: str | None, platform_nam
 @target_option
 @component_option_for(EVERY_COMPONENT)
 @tree_options
-@click.pass_obj
-@handle_errors
+@with_cache
 def verify_cmd(cache: Cache, target_name: str, component: str | None, from_rev: str | None, python: Path | None,
                torch_index: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Prove every patch: its Checks fail before it and pass after it; the suite passes at the end.
@@ -135,8 +129,7 @@ def bench_group() -> None:
               help="vllm-ascend: seed 001's own workload (32 requests in one wave, ~90%% of the prompt shared, "
                    "8,192 in, 1,024 out) beside the re-send workload.")
 @tree_options
-@click.pass_obj
-@handle_errors
+@with_cache
 def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None, scenario_spec: str, scale: float,
                            seed: int, plot_path: Path | None, num_blocks: str, retention_interval: int | None,
                            seed_workload: bool, from_rev: str | None, python: Path | None,
@@ -184,8 +177,7 @@ def bench_prefix_cache_cmd(cache: Cache, target_name: str, component: str | None
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--no-mask", "no_mask", is_flag=True, help="Skip the cache-mask timing and the per-group profile.")
 @tree_options
-@click.pass_obj
-@handle_errors
+@with_cache
 def bench_scheduler_overhead_cmd(cache: Cache, target_name: str, component: str | None, topologies: str, kinds: str,
                                  pools: str, scale: float, steps: int, reps: int, seed: int, no_mask: bool,
                                  from_rev: str | None, python: Path | None, torch_index: str | None, source: str,

@@ -10,16 +10,15 @@ import click
 
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
-from kvforge.cli.finish import finish, handle_errors, progress
-from kvforge.cli.options import (EVERY_COMPONENT, alias, command, complete_targets, component_option,
-                                 component_option_for, from_option, group, json_option, make_ctx, repo_option,
-                                 source_option, target_option, tree_component)
+from kvforge.cli.finish import finish, progress
+from kvforge.cli.options import (EVERY_COMPONENT, alias, base_json_cache, base_options, command, complete_targets, component_option,
+                                 component_option_for, dry_run_option, from_option, group, json_option, make_ctx,
+                                 target_option, targets_option, tree_component, with_cache)
 
 
 @command("targets")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def targets_cmd(cache: Cache, as_json: bool) -> None:
     """List the release targets and their components."""
     from kvforge.project import targets
@@ -40,7 +39,7 @@ def target_group() -> None:
 @alias("--from", "from_target", "--from-target", metavar="TARGET")
 @click.option("--as", "as_name", metavar="NAME", help="The new target's name [default: vVERSION]; with --continue or "
                                                       "--abort: which target add.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (pins, each patch's verdict, selections); write nothing.")
+@dry_run_option("Print the plan (pins, each patch's verdict, selections); write nothing.")
 @click.option("--try", "try_cpu", is_flag=True,
               help="Also run the test modules the rescan finds new in the release on CPU (as `kvforge test --scan "
                    "--try`) and add those that run (slow: the release's CPU test environment, then pytest).")
@@ -50,8 +49,7 @@ def target_group() -> None:
               help="Drop the patch it stopped at (recorded as skipped in the new series' ledger) and go on.")
 @click.option("--abort", "do_abort", is_flag=True, help="Stop; targets/ and patches/ stay as they were.")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, as_name: str | None, dry_run: bool,
                    try_cpu: bool, do_continue: bool, do_skip: bool, do_abort: bool, as_json: bool) -> None:
     """A complete new target for vLLM release VERSION, in one step (all files or none).
@@ -86,11 +84,7 @@ def target_add_cmd(cache: Cache, version: str | None, from_target: str | None, a
 @command("base")
 @target_option
 @component_option
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def base_cmd(cache: Cache, target_name: str, component: str | None, source: str, repo_url: str | None,
              as_json: bool) -> None:
     """Materialise a target's base (upstream release) as a commit in the cache.
@@ -118,11 +112,7 @@ def base_cmd(cache: Cache, target_name: str, component: str | None, source: str,
                                 "target's second component].")
 @click.option("--keep-conflict", is_flag=True,
               help="On failure, leave the tree at the failing patch with conflict markers (git am in progress).")
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path | None, repo_dir: Path | None,
               branch: str | None, keep_conflict: bool, source: str, repo_url: str | None, as_json: bool) -> None:
     """Apply a target's series to its base: one commit per patch, on a branch in a tree you own.
@@ -156,8 +146,7 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
 
 
 @command("lint")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", shell_complete=complete_targets,
-              help="Lint only these targets' series (repeatable) [default: all].")
+@targets_option("Lint only these targets' series (repeatable) [default: all].")
 @component_option_for(EVERY_COMPONENT)
 @click.option("--selections", is_flag=True,
               help="Also check that every test path of every platform selection (cpu, cuda, npu) exists in its "
@@ -171,8 +160,7 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
 @click.option("--strict", is_flag=True, help="Fail (exit 1) on header fields still to review (a `Review:` trailer); "
                                              "default: a warning.")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None, selections: bool, collect: bool,
              no_audit: bool, strict: bool, as_json: bool) -> None:
     """Check every series: files listed once, headers valid, diffs parse, no path escapes the tree, and no
@@ -194,12 +182,10 @@ def lint_cmd(cache: Cache, target_names: tuple[str, ...], component: str | None,
 @component_option_for(EVERY_COMPONENT)
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="How to print the change list.")
-@source_option
-@repo_option
+@base_options
 @from_option
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def audit_cmd(cache: Cache, target_name: str, component: str | None, fmt: str, source: str, repo_url: str | None,
               from_rev: str | None, as_json: bool) -> None:
     """What each patch changes in the program, per definition: added, removed, renamed, moved; decorators;
@@ -217,8 +203,7 @@ def audit_cmd(cache: Cache, target_name: str, component: str | None, fmt: str, s
               help="Evaluate every patch's Drop-When against its target's base: which could be dropped now "
                    "(materialises the bases into the cache).")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
     """Fixes x targets: what each target carries, with its upstream status, or why it needs no patch,
     and the patches `kvforge rebase` dropped (with the signals that said upstream has them).
@@ -233,15 +218,13 @@ def status_cmd(cache: Cache, check: bool, as_json: bool) -> None:
 
 
 @command("report")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", shell_complete=complete_targets,
-              help="Only this target (repeatable) [default: every target].")
+@targets_option("Only this target (repeatable) [default: every target].")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "trend"]), default="table",
               show_default=True,
               help="table: for a terminal; markdown: for an issue or a job summary; trend: one JSON line of "
                    "totals to append to a file (a trend over runs).")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def report_cmd(cache: Cache, target_names: tuple[str, ...], fmt: str, as_json: bool) -> None:
     """What carrying each fix costs, per fix and target: since when and in which releases it is carried,
     its Upstream-Status and PR, whether its Drop-When is met on the newest release a target follows (the newest
@@ -267,11 +250,7 @@ def report_cmd(cache: Cache, target_names: tuple[str, ...], fmt: str, as_json: b
               help="Series directory to write [default: the target's series].")
 @click.option("--renumber", is_flag=True,
               help="Name every file NNNN-<Fix-Id>.patch by its position (default: keep existing names).")
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def export_cmd(cache: Cache, target_name: str, component: str | None, from_rev: str | None, out: Path | None,
                renumber: bool, source: str, repo_url: str | None, as_json: bool) -> None:
     """Write a tree's commits back as the series: one patch per commit since the base, and `series`.

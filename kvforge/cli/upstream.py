@@ -10,10 +10,10 @@ import click
 
 from kvforge.core.cache import Cache
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
-from kvforge.cli.finish import finish, handle_errors, progress
-from kvforge.cli.options import (REPO_HELP, alias, command, complete_fixes, complete_targets, component_option,
-                                 component_option_for, from_option, json_option, make_ctx, repo_option, source_option,
-                                 target_option, tree_component)
+from kvforge.cli.finish import finish, progress
+from kvforge.cli.options import (REPO_HELP, alias, base_json_cache, command, complete_fixes, complete_targets,
+                                 component_option, component_option_for, dry_run_option, from_option, json_option,
+                                 make_ctx, target_option, targets_option, tree_component, with_cache)
 
 
 @command("rebase")
@@ -23,17 +23,13 @@ from kvforge.cli.options import (REPO_HELP, alias, command, complete_fixes, comp
               help="The release to move onto (its PyPI sdist, sha256 from PyPI), or a git ref with --repo.")
 @click.option("--as", "as_target", metavar="NEWTARGET",
               help="Write a new target (targets/NEWTARGET.toml, patches/NEWTARGET/) instead of moving this one.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (verdict and signals per patch); write nothing.")
+@dry_run_option("Print the plan (verdict and signals per patch); write nothing.")
 @click.option("--checks", is_flag=True,
               help="Also run each patch's Checks on the new base without the patch (slow: the new base's test env).")
 @click.option("--continue", "do_continue", is_flag=True, help="Resume after resolving a conflict (carry the patch).")
 @click.option("--skip", "do_skip", is_flag=True, help="Drop the patch the rebase stopped at (recorded in the ledger).")
 @click.option("--abort", "do_abort", is_flag=True, help="Stop the rebase; patches/ and targets/ stay as they were.")
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str | None, as_target: str | None,
                dry_run: bool, checks: bool, do_continue: bool, do_skip: bool, do_abort: bool, source: str,
                repo_url: str | None, as_json: bool) -> None:
@@ -59,8 +55,7 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
 @command("watch")
 @click.option("--since", metavar="VERSION", help="Only releases newer than this one [default: newer than each "
                                                  "target's base].")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", shell_complete=complete_targets,
-              help="Watch only these targets (repeatable) [default: every target whose lifecycle is maintained].")
+@targets_option("Watch only these targets (repeatable) [default: every target whose lifecycle is maintained].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True, help="The report: a table, JSON, or markdown (one section per release).")
 @click.option("--source", type=click.Choice(["auto", "git", "sdist"]), default="sdist", show_default=True,
@@ -70,8 +65,7 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
               help="For each new vLLM release that is clean for every target moving to it and that no target has "
                    "yet: `kvforge target add VERSION` (writes targets/ and patches/; stops at the first that stops).")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fmt: str, source: str, apply: bool,
               as_json: bool) -> None:
     """New vLLM / vllm-ascend releases against every maintained target: what a rebase onto each would do.
@@ -106,11 +100,7 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path),
               help="The tree to make [default: ./<component>-<target>-<fix>].")
 @component_option
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def port_cmd(cache: Cache, fix_id: str, to_target: str | None, from_target: str | None, into: Path | None,
              component: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Start a variant of one fix for another target: a tree of yours with the target's series and the
@@ -149,7 +139,7 @@ Exit codes:
 @click.option("--after", metavar="FIX", shell_complete=complete_fixes, help="Place the patch right after the patch with this Fix-Id in each series "
                                              "(the later ones re-applied over it, or the pick is refused, exit 3) "
                                              "[default: appended].")
-@click.option("--dry-run", is_flag=True, help="Print the verdicts; write nothing, leave no tree.")
+@dry_run_option("Print the verdicts; write nothing, leave no tree.")
 @click.option("--verify", is_flag=True, help="Prove the picked patch on each target where it applies (kvforge "
                                               "verify); nothing is written unless every one is proven.")
 @click.option("--continue", "do_continue", is_flag=True, help="Take the resolved trees into the series and write.")
@@ -158,8 +148,7 @@ Exit codes:
 @click.option("--source", "source_policy", type=click.Choice(["auto", "git", "sdist"]), default="auto",
               show_default=True, help="Where the targets' bases come from (as for the other commands).")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def pick_cmd(cache: Cache, source: str | None, repo_dir: Path | None, targets: tuple[str, ...],
              component: str | None, fix_id: str | None, signoff: str | None, tree_dir: Path | None,
              exclude: tuple[str, ...], after: str | None, dry_run: bool, verify: bool, do_continue: bool,
@@ -235,11 +224,7 @@ text_allow_stale_option = click.option(
 @click.option("--push-to", "push_to", metavar="REMOTE|URL",
               help="With --open: your fork, as a remote name of the --repo clone or a URL; the branch is pushed there.")
 @from_option
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, style: str | None,
            template_path: Path | None, out: Path | None, allow_stale: bool, open_in_gh: bool, push_to: str | None,
            from_rev: str | None,
@@ -278,11 +263,7 @@ def pr_cmd(cache: Cache, target_name: str, component: str | None, fix_id: str, s
 @text_out_option
 @text_allow_stale_option
 @from_option
-@source_option
-@repo_option
-@json_option
-@click.pass_obj
-@handle_errors
+@base_json_cache
 def notes_cmd(cache: Cache, target_name: str, component: str | None, template_path: Path | None, out: Path | None,
               allow_stale: bool, from_rev: str | None, source: str, repo_url: str | None, as_json: bool) -> None:
     """Release notes for a patched build: base and series identity, one entry per fix.
@@ -312,8 +293,7 @@ def notes_cmd(cache: Cache, target_name: str, component: str | None, template_pa
                    "[default: the git remote and commit this kvforge was installed from, else a wheel of this kvforge "
                    "written into the repository's ci/; never a path of this machine].")
 @json_option
-@click.pass_obj
-@handle_errors
+@with_cache
 def init_cmd(cache: Cache, dest: Path, upstream: str, release: str | None, name: str | None, install: str | None,
              as_json: bool) -> None:
     """Make DIR (default: the current directory) a new patch repository run by this (installed) kvforge:

@@ -10,7 +10,8 @@ import click
 from kvforge.core.cache import Cache
 from kvforge.project.platforms import DEVICES, JOB_KINDS, PLATFORMS
 from kvforge.cli.finish import finish, handle_errors
-from kvforge.cli.options import command, component_option, json_option, make_ctx, target_option, tree_component, tree_options
+from kvforge.cli.options import (command, component_option, json_option, make_ctx, target_option, targets_option,
+                                 tree_component, tree_options, with_cache)
 
 
 def _shard_value(_ctx, _param, value):
@@ -48,8 +49,7 @@ def _shard_value(_ctx, _param, value):
               help="Instead of an overlay: vLLM's own build of the patched tree for this device (empty: "
                    "VLLM_TARGET_DEVICE=empty, pure Python, the vLLM an Ascend deployment installs under vllm-ascend).")
 @tree_options
-@click.pass_obj
-@handle_errors
+@with_cache
 def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, mode: str, wheel_path: Path | None,
               platform_name: str, tests_mode: str, shard: tuple[int, int], arch: str | None, device: str | None,
               from_rev: str | None, python: Path | None,
@@ -87,7 +87,7 @@ def build_cmd(cache: Cache, target_name: str, component: str | None, out: Path, 
               help="Only the targets whose target file or series changed since REV (all when kvforge changed).")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(list(JOB_KINDS)),
               help="Only these kinds of job (repeatable) [default: all].")
-@click.option("--target", "-t", "target_names", multiple=True, metavar="NAME", help="Only these targets (repeatable).")
+@targets_option("Only these targets (repeatable).")
 @click.option("--cuda-shards", type=int, default=1, show_default=True, help="Split each cuda job's tests N ways.")
 @click.option("--runs-on", "runs_on", multiple=True, metavar="PLATFORM=LABEL[,LABEL]",
               help="GitHub runner labels for a platform instead of kvforge/project/platforms.py's defaults.")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from kvforge.core.errors import EXIT_LINT
 from kvforge.core.outcome import Done
-from kvforge.project.series import FIX_ID_RE, REVIEW, TRAILER_RE, author_email, parse_patch, read_series, review_warnings
+from kvforge.project.series import (FIX_ID_RE, REVIEW, TRAILER_RE, author_email, mail_headers, parse_patch, read_series,
+                                    review_warnings)
 from kvforge.project.targets import load_all, load_target
 
 ZERO = "0" * 40
@@ -154,17 +155,7 @@ def read_patch(name: str, raw: bytes) -> Header:
 
 
 def _read_mail(name: str, lines: list[str], raw: bytes) -> Header:
-    headers: dict[str, str] = {}
-    i, last = 1, None
-    while i < len(lines) and lines[i] != "":
-        ln = lines[i]
-        if ln[:1] in (" ", "\t") and last:
-            headers[last] += " " + ln.strip()
-        elif ":" in ln:
-            key, _, value = ln.partition(":")
-            last = key.strip().lower()
-            headers[last] = value.strip()
-        i += 1
+    headers, i = mail_headers(lines)
     start = _diff_start(lines[i:])
     if start is None:
         raise ValueError(f"{name}: a mail with no diff in it")

@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from email.header import decode_header, make_header
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 import unidiff
 
@@ -183,6 +184,26 @@ def _decode(value: str) -> str:
         return value
 
 
+def mail_headers(lines: list[str], bad: Callable[[int, str], None] | None = None) -> tuple[dict[str, str], int]:
+    """The RFC 822 headers of a mail (`lines[0]` is its `From ` line): lower-case keys, folded continuation lines
+    joined; and the index of the blank line that ends them (len(lines) when none does). A line that is neither a
+    header nor a continuation is skipped, and given to `bad` (its line number, why) when there is one."""
+    headers: dict[str, str] = {}
+    i, last = 1, None
+    while i < len(lines) and lines[i] != "":
+        line = lines[i]
+        if line[:1] in (" ", "\t") and last:
+            headers[last] += " " + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            last = key.strip().lower()
+            headers[last] = value.strip()
+        elif bad is not None:
+            bad(i + 1, f"malformed mail header line {line!r}")
+        i += 1
+    return headers, i
+
+
 def parse_patch(path: Path, raw: bytes | None = None) -> Patch:
     """Parse one format-patch file (or `raw`, its bytes, named `path`); every defect becomes a Problem.
 
@@ -245,21 +266,7 @@ def _parse(path: Path, raw: bytes) -> Patch:
         bad(1, "not a git format-patch file (first line must be 'From <commit> <date>')")
         return patch
 
-    # RFC 822 headers, with folded continuation lines.
-    headers: dict[str, str] = {}
-    i = 1
-    last = None
-    while i < len(lines) and lines[i] != "":
-        line = lines[i]
-        if line[:1] in (" ", "\t") and last:
-            headers[last] += " " + line.strip()
-        elif ":" in line:
-            key, _, value = line.partition(":")
-            last = key.strip().lower()
-            headers[last] = value.strip()
-        else:
-            bad(i + 1, f"malformed mail header line {line!r}")
-        i += 1
+    headers, i = mail_headers(lines, bad)
     for key in ("from", "date", "subject"):
         if key not in headers:
             bad(2, f"missing mail header '{key.capitalize()}:'")

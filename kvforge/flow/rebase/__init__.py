@@ -1,7 +1,8 @@
 """`kvforge rebase`: move a target's series onto a new upstream release, dropping what upstream has.
 
 Modules: state (the typed, versioned state), onto (the new base), steps (signals, then `git am` per
-patch), commit (the one writing step), retarget (the new target file), result (the Outcomes), command
+patch), commit (the one writing step), targetfile (the new target file), retarget (a component completed on its new
+base, target add's: the CPU selection rescanned), result (the Outcomes), command
 (start/continue/skip/abort and `run`, the CLI's one call).
 
 Owns the rebase engine, its state in the cache and the one step that writes the result. The

@@ -36,10 +36,8 @@ def run(ctx: Context, action: str, onto: str | None = None, as_target: str | Non
     if onto or as_target or dry_run:
         raise KvforgeError(f"--{action} takes no --onto, --as or --dry-run: they were fixed when the rebase started",
                            EXIT_USAGE)
-    if action == "continue":
-        return rebase_continue(ctx)
-    if action == "skip":
-        return rebase_skip(ctx)
+    if action in ("continue", "skip"):
+        return rebase_resume(ctx, action)
     if action == "abort":
         return rebase_abort(ctx)
     raise KvforgeError(f"unknown rebase action {action!r} (one of {', '.join(ACTIONS)})", EXIT_USAGE)
@@ -119,26 +117,23 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
         return _advance(ctx, st, start)
 
 
-def rebase_continue(ctx: Context) -> RebaseResult:
+def rebase_resume(ctx: Context, action: str) -> RebaseResult:
+    """--continue (carry the patch the rebase stopped at, go on after a kill, or finish a commit a kill
+    interrupted) or --skip (drop the patch it stopped at)."""
     start = time.monotonic()
     with lock(ctx):
         st = _require_state(ctx)
-        if st.phase is Phase.COMMITTING:
+        if st.phase is Phase.COMMITTING and action == "continue":
             return commit(ctx, st, start)
-        resume(st)
-        return _advance(ctx, st, start)
-
-
-def rebase_skip(ctx: Context) -> RebaseResult:
-    start = time.monotonic()
-    with lock(ctx):
-        st = _require_state(ctx)
         if st.phase is Phase.COMMITTING:
             raise KvforgeError("the rebase is being committed; nothing to skip: --continue finishes it", EXIT_USAGE)
-        if st.stopped is None:
+        if action == "continue":
+            resume(st)
+        elif st.stopped is None:
             raise KvforgeError(f"the rebase of {ctx.label} is not stopped at a patch (it was interrupted); "
                                "--continue resumes it", EXIT_USAGE)
-        skip(st)
+        else:
+            skip(st)
         return _advance(ctx, st, start)
 
 

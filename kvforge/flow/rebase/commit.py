@@ -28,7 +28,7 @@ from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.flow.export import read_commit
 from kvforge.project.targets import display_path
 from kvforge.flow.rebase.result import RebaseResult, result_of
-from kvforge.flow.rebase.retarget import new_target_text
+from kvforge.flow.rebase.targetfile import new_target_text
 from kvforge.flow.rebase.state import DROPPED, Phase, State, Verdict, save
 from kvforge.flow.rebase.steps import release_worktree
 
