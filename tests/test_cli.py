@@ -105,7 +105,8 @@ def test_a_command_loads_its_own_group_only(project):
     unwanted = ("kvforge.cli.adopt", "kvforge.cli.help", "kvforge.cli.proof", "kvforge.cli.series", "kvforge.cli.wheels",
                 "kvforge.proof.selection", "kvforge.proof.audit", "kvforge.proof.semantic", "kvforge.wheels.build",
                 "kvforge.flow.rebase.retarget", "kvforge.flow.targetadd", "kvforge.flow.pick", "kvforge.flow.pr",
-                "kvforge.flow.watch", "kvforge.bench")
+                "kvforge.flow.watch", "kvforge.bench", "kvforge.flow.behaviour", "kvforge.env.venv",
+                "kvforge.proof.testrun", "kvforge.proof.verify")
     assert [m for m in loaded if m.startswith(unwanted)] == []
 
 

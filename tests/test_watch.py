@@ -174,6 +174,12 @@ def test_bad_input_and_unreachable_index(tmp_path, monkeypatch):
     _c, _o, err = watch("--target", "nope", code=2)
     assert "nope" in err and "Traceback" not in err
     _c, _o, err = watch("--format", "yaml", code=2)
+    _c, _o, err = watch("--checks", "-1", code=2)  # the Checks budget is a count
+    assert "--checks" in err and "Traceback" not in err
+    monkeypatch.setenv("KVFORGE_WATCH_CHECKS", "many")
+    _c, _o, err = watch(code=2)
+    assert "KVFORGE_WATCH_CHECKS" in err and "Traceback" not in err
+    monkeypatch.delenv("KVFORGE_WATCH_CHECKS")
     monkeypatch.setenv("KVFORGE_PYPI_URL", "http://127.0.0.1:9")  # nothing listens there
     _c, out, err = watch("--json", code=6)
     assert "cannot read the package index http://127.0.0.1:9/pypi/vllm/json" in json.loads(out)["error"]

@@ -25,7 +25,6 @@ from kvforge import __version__
 from kvforge.core.errors import EXIT_INTERNAL, EXIT_USAGE, KvforgeError
 from kvforge.core.outcome import Outcome
 from kvforge.core.render import fit, json_text
-from kvforge.git import gitutil
 
 
 VERBOSITY = {"level": 0}  # -q: -1 (no progress lines), -v: 1 (an internal error's traceback on stderr too)
@@ -126,7 +125,9 @@ def handle_signals() -> dict:
 
 
 def interrupted(exc: BaseException) -> NoReturn:
-    gitutil.end_all()  # git that other threads started (the main thread's call ended its own on the way out)
+    gitutil = sys.modules.get("kvforge.git.gitutil")  # not loaded: no command ran git, nothing to end
+    if gitutil is not None:
+        gitutil.end_all()  # git that other threads started (the main thread's call ended its own on the way out)
     if isinstance(exc, Terminated):
         click.echo(f"kvforge: terminated ({signal.Signals(exc.signum).name}); its child processes were ended",
                    err=True)

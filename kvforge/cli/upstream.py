@@ -49,7 +49,11 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
     if len(actions) > 1:
         raise KvforgeError("--continue, --skip and --abort exclude each other", EXIT_USAGE)
     ctx = make_ctx(cache, target_name, component, source=source, repo_url=repo_url)
-    finish(rebase.run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, checks), as_json)
+    runner = None
+    if checks:  # the env and proof layers, loaded only when the Checks run
+        from kvforge.flow.behaviour import checks_signal
+        runner = checks_signal
+    finish(rebase.run(ctx, actions[0] if actions else "start", onto, as_target, dry_run, runner), as_json)
 
 
 @command("watch")
@@ -64,10 +68,13 @@ def rebase_cmd(cache: Cache, target_name: str, component: str | None, onto: str 
 @click.option("--apply", "apply", is_flag=True,
               help="For each new vLLM release that is clean for every target moving to it and that no target has "
                    "yet: `kvforge target add VERSION` (writes targets/ and patches/; stops at the first that stops).")
+@click.option("--checks", "checks", type=click.IntRange(min=0), default=None, metavar="N",
+              help="At most N Checks runs (pytest) for the conflict rows; a result cached by release, patch and "
+                   "environment costs none; 0: no Checks [default: $KVFORGE_WATCH_CHECKS, else no limit].")
 @json_option
 @with_cache
 def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fmt: str, source: str, apply: bool,
-              as_json: bool) -> None:
+              checks: int | None, as_json: bool) -> None:
     """New vLLM / vllm-ascend releases against every maintained target: what a rebase onto each would do.
 
     \b
@@ -79,6 +86,13 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
     platform. Targets with lifecycle = "eol" are not watched.
 
     \b
+    A conflict or disagreement is decided by behaviour: the patch's Checks run on the release
+    without it (all pass: upstream (by behaviour); a behavioural failure: needed), then the nearest
+    variant of the fix is ported with git am -3 and its Checks run (port proven), else the row
+    needs a person and says where to start. Each row's decision and the release's cost (rows that
+    need a person) are in every format (docs/watch.md).
+
+    \b
     Exit 0: nothing new, or new releases and all clean ("status" in --json says which);
     exit 3: attention needed (a conflict, a disagreement, a wheel the target pins missing, a failed
     check; said as "kvforge: attention:", a result, not a failure; 6 when one failed on the network). --json (or --format json) gives every release with its
@@ -86,7 +100,7 @@ def watch_cmd(cache: Cache, since: str | None, target_names: tuple[str, ...], fm
     """
     from kvforge.flow import watch
 
-    finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress, apply),
+    finish(watch.watch(cache, target_names, since, "json" if as_json else fmt, source, progress, apply, checks),
            as_json or fmt == "json", fit_text=fmt == "table")
 
 

@@ -19,13 +19,13 @@ from kvforge.flow.rebase.result import Aborted, RebaseResult, result_of
 from kvforge.flow.rebase.state import (Digests, Phase, Plan, State, bound_elsewhere, check_project, load, lock, project_id,
                                        save, state_dir)
 from kvforge.project.transaction import dir_digest, file_digest
-from kvforge.flow.rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
+from kvforge.flow.rebase.steps import CheckRunner, apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 
 ACTIONS = ("start", "continue", "skip", "abort")
 
 
 def run(ctx: Context, action: str, onto: str | None = None, as_target: str | None = None, dry_run: bool = False,
-        checks: bool = False) -> RebaseResult | Aborted:
+        checks: CheckRunner | None = None) -> RebaseResult | Aborted:
     """The CLI's one call: action start | continue | skip | abort. Returns an Outcome in every case; a stop
     raises nothing (the result's exit_code is 3 and its error the message)."""
     if action == "start":
@@ -44,7 +44,7 @@ def run(ctx: Context, action: str, onto: str | None = None, as_target: str | Non
 
 
 def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool = False,
-           checks: bool = False) -> RebaseResult:
+           checks: CheckRunner | None = None) -> RebaseResult:
     """Start a rebase of ctx's series onto `onto` (see the package docstring)."""
     start = time.monotonic()
     root = project_root()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 from kvforge.git import gitutil
-from kvforge.flow import behaviour, upstream
+from kvforge.flow import upstream
 from kvforge.git.bases import Base
 from kvforge.git.context import Context
 from kvforge.git.engine import am_in_progress, am_one, am_without_worktree, diagnose, ensure_worktree, format_patches
@@ -26,6 +27,10 @@ from kvforge.git.trees import Stack
 from kvforge.flow.rebase.state import DROPPED, State, Step, Stop, StopKind, Verdict, save
 
 REF_REBASE = "refs/kvforge/rebase"  # old series commits copied into the new base's repository
+
+# Runs a patch's Checks on the new base without the fix (kvforge.flow.behaviour.checks_signal, handed in by the
+# caller that wants them: the rebase does not import the env and proof layers it needs).
+CheckRunner = Callable[[Context, upstream.NewBase, Patch], upstream.Signal]
 
 
 # ---------------------------------------------------------------- planning: signals and decisions
@@ -43,8 +48,9 @@ def old_commits(ctx: Context, stack: Stack, old_base: Base, new_base: Base) -> l
 
 
 def plan(ctx: Context, new_comp: Component, new_base: Base, patches: list[Patch], olds: list[str | None],
-         checks: bool) -> tuple[list[Step], float]:
-    """Every patch's signals and decision on the new base: (pending steps, seconds the checks took)."""
+         checks: CheckRunner | None) -> tuple[list[Step], float]:
+    """Every patch's signals and decision on the new base: (pending steps, seconds the checks took); `checks`
+    runs a patch's Checks (None: the Checks signal is not run)."""
     nb = upstream.new_base_info(new_base, new_comp)
     out: list[Step] = []
     t_checks = 0.0
@@ -56,9 +62,10 @@ def plan(ctx: Context, new_comp: Component, new_base: Base, patches: list[Patch]
             timed = {"s": 0.0}
 
             def run_checks(p: Patch = p, timed: dict[str, float] = timed) -> upstream.Signal:
+                assert checks is not None
                 t = time.monotonic()
                 try:
-                    return behaviour.checks_signal(new_ctx, nb, p)
+                    return checks(new_ctx, nb, p)
                 finally:
                     timed["s"] += time.monotonic() - t
 

@@ -64,7 +64,7 @@ def _start_component(ctx_old: Context, ctx_new: Context, ta: AddState, dry_run: 
                         old_series=dir_digest(ctx_old.component.series_dir), old_target=file_digest(ctx_old.target.path)),
         started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), root_id=ta.root_id)
     t0 = time.monotonic()
-    steps, _t_checks = plan(ctx_new, comp, new_base, series.patches, olds, False)
+    steps, _t_checks = plan(ctx_new, comp, new_base, series.patches, olds, None)
     st = State(plan=the_plan, steps=steps, head=new_base.commit, seconds={"plan": round(time.monotonic() - t0, 3)})
     save(st)
     return st
