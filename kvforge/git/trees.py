@@ -28,7 +28,7 @@ from kvforge.git.context import Context, Progress
 from kvforge.git.engine import am_in_progress, am_series, ensure_worktree, format_patch
 from kvforge.core.errors import EXIT_USAGE, KvforgeError
 from kvforge.core.evidence import Key
-from kvforge.core.fsutil import atomic_write_text, crashpoint, file_lock
+from kvforge.core.fsutil import atomic_write_text, crashpoint, file_lock, pid_alive
 from kvforge.project.series import Series, parse_patch
 
 
@@ -223,17 +223,7 @@ def scratch_dir(cache: Cache, kind: str) -> Path:
 def _dead_run(path: Path) -> bool:
     """`path` is a scratch directory (`scratch_dir`) of a kvforge process that is gone."""
     parts = path.name.split(".")
-    return len(parts) > 3 and parts[0] == "" and parts[2].isdigit() and not _running(int(parts[2]))
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return len(parts) > 3 and parts[0] == "" and parts[2].isdigit() and not pid_alive(int(parts[2]))
 
 
 STALE_LOCK = 60.0  # seconds after which a `git worktree add` still "initializing" a missing directory is dead
