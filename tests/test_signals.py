@@ -38,6 +38,12 @@ def alive(pid: int) -> bool:
     return " Z " not in state and "zombie" not in state  # a zombie has ended (its parent is gone)
 
 
+def _signals_as_at_a_terminal() -> None:
+    """kvforge starts with SIGINT's default disposition, as under a terminal: a runner that started this
+    suite in the background (`cmd &` in a script) has SIGINT ignored, and that would be inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_kvforge_ends_its_pytest_child_on_a_signal(project, base_v0202, tmp_path, sig):
@@ -54,7 +60,7 @@ def test_kvforge_ends_its_pytest_child_on_a_signal(project, base_v0202, tmp_path
     env["KVFORGE_SIGNAL_TEST_PIDFILE"] = str(pidfile)
     proc = subprocess.Popen([sys.executable, "-c", "from kvforge.cli import main; main()", "test", "-t", "t",
                              "-k", "test_sleeps"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_signals_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 600
         while not pidfile.exists() or not pidfile.read_text():
