@@ -17,7 +17,7 @@ from kvforge.flow.rebase.commit import changed_files, commit, range_diff
 from kvforge.flow.rebase.onto import resolve_onto
 from kvforge.flow.rebase.result import Aborted, RebaseResult, result_of
 from kvforge.flow.rebase.state import (Digests, Phase, Plan, State, bound_elsewhere, check_project, load, lock, project_id,
-                                       save, state_dir)
+                                       fresh_state_dir, save, state_dir)
 from kvforge.project.transaction import dir_digest, file_digest
 from kvforge.flow.rebase.steps import CheckRunner, apply_steps, old_commits, plan, release_worktree, resume, skip, worktree_path
 
@@ -84,12 +84,7 @@ def rebase(ctx: Context, onto: str, as_target: str | None = None, dry_run: bool 
         olds = old_commits(ctx, stack, old_base, new_base)
         t_base = time.monotonic() - t0
 
-        sdir = state_dir(ctx)
-        if sdir.exists():
-            shutil.rmtree(sdir)
-        (sdir / "patches").mkdir(parents=True)
-        for p in series.patches:
-            (sdir / "patches" / p.name).write_bytes(p.raw)
+        sdir = fresh_state_dir(ctx, series.patches)
         target_name = as_target or ctx.target.name
         series_dir = (root / "patches" / as_target) if as_target else ctx.component.series_dir
         target_file = root / "targets" / f"{target_name}.toml"

@@ -16,8 +16,24 @@ from kvforge.flow.rebase.state import State, Step, StopKind, Verdict
 VERDICTS = tuple(v.value for v in Verdict)
 
 
+class StopExit:
+    """The exit of a result that can stop at a patch: exit 3 (EXIT_APPLY) and its message when `state` is
+    "stopped", else 0 and no error (rebase's and target add's results)."""
+
+    state: str
+    message: str
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_APPLY if self.state == "stopped" else 0
+
+    @property
+    def error(self) -> str | None:
+        return self.message if self.state == "stopped" else None
+
+
 @dataclass
-class RebaseResult:
+class RebaseResult(StopExit):
     target: str
     component: str
     new_target: str  # == target unless --as
@@ -37,14 +53,6 @@ class RebaseResult:
     written: list[str] = field(default_factory=list)  # project files the commit wrote
     seconds: dict = field(default_factory=dict)  # base, plan (signals), checks, apply, write, total
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_APPLY if self.state == "stopped" else 0
-
-    @property
-    def error(self) -> str | None:
-        return self.message if self.state == "stopped" else None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -9,16 +9,18 @@ not have exactly this shape (a malformed or forged file), is a one-line KvforgeE
 from __future__ import annotations
 
 import json
+import shutil
 import types
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Sequence, Union, get_args, get_origin, get_type_hints
 
 from kvforge.git.context import Context
 from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from kvforge.core.fsutil import atomic_write_text, file_lock
+from kvforge.project.series import Patch
 
 STATE_VERSION = 2
 
@@ -153,6 +155,17 @@ class State:
 
 def state_dir(ctx: Context) -> Path:
     return ctx.cache.root / "rebase" / f"{ctx.target.name}-{ctx.component.name}"
+
+
+def fresh_state_dir(ctx: Context, patches: Sequence[Patch]) -> Path:
+    """The rebase's state directory, emptied, holding the old series' patch files (what --continue re-reads)."""
+    sdir = state_dir(ctx)
+    if sdir.exists():
+        shutil.rmtree(sdir)
+    (sdir / "patches").mkdir(parents=True)
+    for p in patches:
+        (sdir / "patches" / p.name).write_bytes(p.raw)
+    return sdir
 
 
 def lock(ctx: Context) -> AbstractContextManager[None]:

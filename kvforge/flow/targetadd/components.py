@@ -17,7 +17,7 @@ from kvforge.ci.scaffold import CORE_TESTS, core_cpu_suites
 from kvforge.core.cache import Cache
 from kvforge.core.fsutil import crashpoint
 from kvforge.flow.rebase.retarget import complete_component
-from kvforge.flow.rebase.state import Digests, Plan, State, StopKind, load, save, state_dir
+from kvforge.flow.rebase.state import Digests, Plan, State, StopKind, fresh_state_dir, load, save
 from kvforge.flow.rebase.steps import apply_steps, old_commits, plan, release_worktree, resume, worktree_path
 from kvforge.flow.targetadd.commit import discard, write_target
 from kvforge.flow.targetadd.result import TargetAddResult, result_of
@@ -45,12 +45,7 @@ def _start_component(ctx_old: Context, ctx_new: Context, ta: AddState, dry_run: 
     new_base = ensure_base(comp, ctx_new.cache, "sdist", None, ctx_new.progress)
     ta.upstream[comp.name] = new_base.upstream_commit or ""
     olds = old_commits(ctx_new, stack, old_base, new_base)
-    sdir = state_dir(ctx_new)
-    if sdir.exists():
-        shutil.rmtree(sdir)
-    (sdir / "patches").mkdir(parents=True)
-    for p in series.patches:
-        (sdir / "patches" / p.name).write_bytes(p.raw)
+    sdir = fresh_state_dir(ctx_new, series.patches)
     target_file = root / "targets" / f"{ta.name}.toml"
     the_plan = Plan(
         target=ctx_old.target.name, component=comp.name, new_target=ta.name, dry_run=dry_run, root=root,

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvforge.core.errors import EXIT_APPLY
 from kvforge.core.render import table
+from kvforge.flow.rebase.result import StopExit
 from kvforge.flow.rebase.state import State, Step
 from kvforge.flow.targetadd.state import AddState
 from kvforge.project.targets import Target, display_path, load_target
@@ -42,7 +42,7 @@ class ComponentResult:
 
 
 @dataclass
-class TargetAddResult:
+class TargetAddResult(StopExit):
     """What `kvforge target add` returns (an Outcome): done, planned (--dry-run), stopped (exit 3) or aborted."""
 
     name: str
@@ -56,14 +56,6 @@ class TargetAddResult:
     worktree: str | None = None
     stopped_component: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_APPLY if self.state == "stopped" else 0
-
-    @property
-    def error(self) -> str | None:
-        return self.message if self.state == "stopped" else None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
