@@ -107,11 +107,6 @@ def run(cwd: Path, *args: str, check: bool = True, env: dict | None = None, time
     return res
 
 
-def _plain_env(extra: dict | None = None) -> dict:
-    """The environment of every git call: the user's, C messages, kvforge's committer, then `extra`."""
-    return {**os.environ, "LC_ALL": "C", "LANGUAGE": "C", **COMMITTER, **(extra or {})}
-
-
 _LIVE: set[subprocess.Popen] = set()  # git processes started and not yet ended (every thread's)
 _LIVE_LOCK = threading.Lock()
 GRACE = 2.0  # seconds git and its helpers have to exit on SIGTERM (their own cleanup: lock files) before SIGKILL
