@@ -266,3 +266,19 @@ def test_acknowledges_lint_names_a_bad_kind_a_bad_shape_and_a_duplicate(tmp_path
     assert "0001-x.patch:20: Acknowledges removed old_helper given twice (first on line 19)" in got[2]
     assert [str(a) for a in patch.acknowledgements] == ["removed old_helper: callers moved to new_helper",
                                                         "removed old_helper: again"]
+
+
+def test_bug_checks_name_the_checks_that_show_the_bug(tmp_path):
+    """Bug-Checks picks some of the patch's Checks (default: every Check); one that is not a Check is named."""
+    two = GOOD_TRAILERS.replace("Checks: tests/v1/core/test_x.py::test_y\n",
+                                "Checks: tests/v1/core/test_x.py::test_y\nChecks: tests/v1/core/test_x.py::test_knob\n")
+    p = parse_patch(write(tmp_path, "0001-two.patch", patch_text(two)))
+    assert p.problems == [] and p.bug_checks == p.checks and len(p.checks) == 2
+    one = two.replace("Signed-off-by:", "Bug-Checks: tests/v1/core/test_x.py::test_y\nSigned-off-by:")
+    p = parse_patch(write(tmp_path, "0002-one.patch", patch_text(one)))
+    assert p.problems == [] and p.bug_checks == ["tests/v1/core/test_x.py::test_y"]
+    stray = two.replace("Signed-off-by:", "Bug-Checks: tests/v1/core/test_x.py::test_z\nSigned-off-by:")
+    path = write(tmp_path, "0003-stray.patch", patch_text(stray))
+    msgs = messages(parse_patch(path))
+    assert any(m.startswith(f"{path}:") and "Bug-Checks 'tests/v1/core/test_x.py::test_z' is not one of the "
+               "patch's 'Checks:'" in m for m in msgs), msgs

@@ -112,6 +112,41 @@ def test_a_needed_fix_is_ported_from_its_nearest_variant_and_proven(fake):
     assert (cached.state, cached.patch_file) == ("port proven", proven.patch_file)
 
 
+KNOB_TEST = ("from vllm_like.core import clamp\n\n\ndef test_clamp_high():\n    assert clamp(9, 0, 5) == 5\n\n\n"
+             "def test_clamp_empty_range_is_hi():\n    assert clamp(3, 5, 1) == 1\n")
+KNOB_CHECKS = (f"{FIX_TEST}::test_clamp_high", f"{FIX_TEST}::test_clamp_empty_range_is_hi")
+
+
+def test_only_the_bug_checks_say_whether_the_release_has_the_bug(fake):
+    """Upstream fixed the high end in another shape (max(lo, min(x, hi))): the bug's Check passes there, the
+    variant's Check of its own choice (an empty range gives hi) fails for a behavioural reason. Without
+    Bug-Checks that failure reads `needed` (what watch said of swa-retention-queue-split on vLLM 0.27-0.31);
+    with `Bug-Checks: ...::test_clamp_high` the release is upstream (by behaviour) and the other Check is
+    reported, not counted. On the old base the bug's Check fails: needed either way."""
+    ctx = _ctx(fake)
+    start = fake.base
+    (fake.root / "variants" / "knob").mkdir(parents=True, exist_ok=True)
+    patches = {}
+    for name, extra in (("all", ""), ("bug", f"Bug-Checks: {KNOB_CHECKS[0]}\n")):
+        path, _ = make_patch(fake.upstream, start, {**FIX, FIX_TEST: ("", KNOB_TEST)}, "[Core] clamp the high end",
+                             "clamp-high", fake.root / "variants" / "knob" / f"0001-{name}.patch", kind="fix",
+                             extra="".join(f"Checks: {c}\n" for c in KNOB_CHECKS) + extra)
+        patches[name] = parse_patch(path)
+        assert patches[name].problems == [], patches[name].problems
+    other_shape = _release(fake, {CORE: ("return max(lo, x)", "return max(lo, min(x, hi))")}, "upstream: another shape")
+    nb = _nb(fake, other_shape)
+    wrong = behaviour.without_fix(ctx, nb, patches["all"], Budget(None))
+    assert wrong.state == behaviour.NEEDED and "test_clamp_empty_range_is_hi" in wrong.detail, wrong.detail
+    right = behaviour.without_fix(ctx, nb, patches["bug"], Budget(None))
+    assert right.state == behaviour.UPSTREAM, right.detail
+    assert "all 1 Bug-Checks pass" in right.detail and "1 other Check (what the variant adds) 1 failed" in right.detail
+    assert behaviour.without_fix(ctx, _nb(fake, fake.base), patches["bug"], Budget(None)).state == behaviour.NEEDED
+    # The rebase's checks signal judges the same nodes.
+    sig = behaviour.judge_checks({KNOB_CHECKS[0]: ("passed", ""), KNOB_CHECKS[1]: ("failed", "AssertionError")},
+                                 patches["bug"].bug_checks)
+    assert (sig.fired, sig.strong) == (True, True), sig.detail
+
+
 def test_the_checks_budget_is_a_count(monkeypatch):
     monkeypatch.delenv("KVFORGE_WATCH_CHECKS", raising=False)
     assert checks_budget(None) is None and checks_budget(3) == 3

@@ -8,6 +8,10 @@ variant of the fix ported onto it (is the port proven?), in that base's CPU envi
 - without_fix: the same run for `kvforge watch`, as a verdict a release engineer acts on: "upstream (by
   behaviour)" (every Check passes without the fix), "needed" (a behavioural failure: the test and its line),
   "needed?" (cannot tell: the Checks cannot run there, and why). Never "upstream" on a partial pass.
+
+Both decide on the patch's Bug-Checks (Patch.bug_checks: every Check unless the patch names the ones that
+show the bug): a Check of what the variant adds (its knob, its API) failing on a release that fixed the bug
+in another shape says nothing about the bug. Every Check still runs and is reported.
 - port: the nearest variant of the fix (`git am -3` onto the new base, its preimages copied in), then its
   Checks with the fix: "port proven" (they failed without it and all pass with it), else where it stops (the
   file, the hunk, and the release's change of that region since the old base).
@@ -69,8 +73,11 @@ def failure_kind(outcome: str, message: str) -> str | None:
     return "behaviour"
 
 
-def judge_checks(outcomes: dict[str, tuple[str, str]]) -> Signal:
-    """The checks signal from node -> (outcome, message) on the new base without the fix."""
+def judge_checks(outcomes: dict[str, tuple[str, str]], bug: list[str] | None = None) -> Signal:
+    """The checks signal from node -> (outcome, message) on the new base without the fix, judged on the nodes
+    in `bug` (the patch's Bug-Checks; None: every node)."""
+    if bug is not None:
+        outcomes = {n: v for n, v in outcomes.items() if n in bug}
     if not outcomes:
         return Signal("checks", None, False, "the patch has no Checks")
     kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in outcomes.items()}
@@ -201,7 +208,7 @@ def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
     run = run_without_fix(ctx_like, nb, patch)
     if run.error:
         return Signal("checks", None, False, run.error)
-    sig = judge_checks(run.outcomes)
+    sig = judge_checks(run.outcomes, patch.bug_checks)
     return Signal(sig.name, sig.fired, sig.strong, f"{sig.detail} [env {run.env}]")
 
 
@@ -310,23 +317,40 @@ def without_fix(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Verdict:
         return Verdict(BUDGET, f"{BUDGET} (--checks)")
     if run.error:
         return Verdict(UNSURE, f"cannot tell: {run.error}")
-    kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in run.outcomes.items()}
+    bug = patch.bug_checks
+    kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in run.outcomes.items() if n in bug}
     total = len(kinds)
+    what = "Checks" if len(bug) == len(patch.checks) else "Bug-Checks"
+    others = len(run.outcomes) - total
+    aside = (f"; {others} other Check{'s' if others != 1 else ''} (what the variant adds) "
+             f"{_tally(run.outcomes, bug)}, not counted") if others else ""
     behaviour = [n for n, (_, k, _) in kinds.items() if k == "behaviour"]
     passed = [n for n, (o, _, _) in kinds.items() if o == "passed"]
     where = f" (evidence: {run.log})" if run.log else ""
+    if not kinds:
+        return Verdict(UNSURE, f"cannot tell: none of the {what} ran{where}", run.log, run.cached)
     if behaviour:
         n = behaviour[0]
         line = next((v for k, v in run.lines.items() if k == n or k.startswith(n + "[")), None)
         at = f" at {line}" if line else ""
-        return Verdict(NEEDED, f"{len(behaviour)} of {total} Checks fail without the fix: {n}{at}: "
-                               f"{kinds[n][2][:160]}{where}", run.log, run.cached)
+        return Verdict(NEEDED, f"{len(behaviour)} of {total} {what} fail without the fix: {n}{at}: "
+                               f"{kinds[n][2][:160]}{aside}{where}", run.log, run.cached)
     if len(passed) == total:
-        return Verdict(UPSTREAM, f"all {total} Checks pass on the release without the fix [env {run.env}]{where}",
-                       run.log, run.cached)
+        return Verdict(UPSTREAM, f"all {total} {what} pass on the release without the fix{aside} "
+                                 f"[env {run.env}]{where}", run.log, run.cached)
     n = next(n for n in kinds if n not in passed)
-    return Verdict(UNSURE, f"cannot tell: {total - len(passed)} of {total} Checks cannot run on the release "
-                           f"({n.split('::')[-1]}: {kinds[n][2][:120] or kinds[n][0]}){where}", run.log, run.cached)
+    return Verdict(UNSURE, f"cannot tell: {total - len(passed)} of {total} {what} cannot run on the release "
+                           f"({n.split('::')[-1]}: {kinds[n][2][:120] or kinds[n][0]}){aside}{where}", run.log,
+                   run.cached)
+
+
+def _tally(outcomes: dict[str, tuple[str, str]], bug: list[str]) -> str:
+    """How the Checks outside `bug` did: "3 passed, 1 failed"."""
+    counts: dict[str, int] = {}
+    for n, (o, _m) in outcomes.items():
+        if n not in bug:
+            counts[o] = counts.get(o, 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
 
 
 # ---------------------------------------------------------------- a port, proven
@@ -433,10 +457,12 @@ def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, 
         if before.error:
             return Port("needs a person", f"{v.target}'s variant applies ({how}); its Checks cannot run on the "
                                           f"release: {before.error}", v.target, final=False)
-        failing = [n for n, (o, m) in before.outcomes.items() if failure_kind(o, m) == "behaviour"]
+        failing = [n for n, (o, m) in before.outcomes.items()
+                   if n in v.patch.bug_checks and failure_kind(o, m) == "behaviour"]
         if not failing:
-            return Port("needs a person", f"{v.target}'s variant applies ({how}) but none of its Checks fails "
-                                          "without it on the release: nothing proven", v.target)
+            return Port("needs a person", f"{v.target}'s variant applies ({how}) but none of its Checks that "
+                                          "show the bug fails without it on the release: nothing proven",
+                        v.target)
         if not budget.take():
             return Port("needs a person", f"{v.target}'s variant applies ({how}); {BUDGET} (--checks) for its "
                                           "Checks with it", v.target, final=False)
@@ -458,8 +484,12 @@ def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, 
         made = gitutil.run(tree, "format-patch", "-1", "--stdout", "--full-index", "--no-signature", "HEAD",
                            binary=True)
         ready.write_bytes(made.stdout)
-        return Port("port proven", f"{v.target}'s variant applies ({how}); {len(failing)} of its "
-                                   f"{len(run.outcomes)} Checks fail without it, all pass with it "
+        bug = v.patch.bug_checks
+        shown = (f"{len(failing)} of its {len(run.outcomes)} Checks fail without it, all pass with it"
+                 if len(bug) == len(v.patch.checks) else
+                 f"{len(failing)} of its {len(bug)} Bug-Checks fail without it, all {len(run.outcomes)} Checks "
+                 "pass with it")
+        return Port("port proven", f"{v.target}'s variant applies ({how}); {shown} "
                                    f"(evidence: {run.log})", v.target, str(ready))
     finally:
         _cleanup(tree)

@@ -138,6 +138,13 @@ class Patch:
         return self.values("Checks")
 
     @property
+    def bug_checks(self) -> list[str]:
+        """The Checks that show the bug (`Bug-Checks:`; default: every Check). Only these say whether a release
+        still has the bug; the others test what this variant adds (its API, its knobs) and judge a port."""
+        named = set(self.values("Bug-Checks"))
+        return [c for c in self.checks if c in named] if named else self.checks
+
+    @property
     def depends_on(self) -> list[str]:
         return self.values("Depends-On")
 
@@ -365,6 +372,8 @@ def _check_trailers(patch: Patch, block_line: int, bad) -> None:
                 bad(t.line, f"Checks {v!r} is not a pytest node id (path/to/test_x.py::test_name)")
             elif not _safe_relpath(v.split("::")[0]):
                 bad(t.line, f"Checks {v!r} points outside the tree")
+        elif t.key == "Bug-Checks" and v not in patch.checks:
+            bad(t.line, f"Bug-Checks {v!r} is not one of the patch's 'Checks:'")
         elif t.key == "Acknowledges" and parse_acknowledgement(v) is None:
             m = ACK_RE.match(v)
             if m and m.group("kind") not in ACK_KINDS:
