@@ -147,6 +147,38 @@ def test_only_the_bug_checks_say_whether_the_release_has_the_bug(fake):
     assert (sig.fired, sig.strong) == (True, True), sig.detail
 
 
+def test_a_releases_rows_share_one_pytest_run(fake):
+    """prefetch runs the Checks of two patches with disjoint test files in one pytest (one run from the budget),
+    and each patch's verdict read afterwards from the cache is the one a run of its own gives; a patch that
+    checks a test file another one adds goes in a batch of its own."""
+    ctx = _ctx(fake)
+    high = _patch(fake, fake.base)
+    low_test = "tests/test_clamp_low.py"
+    (fake.root / "variants" / "low").mkdir(parents=True, exist_ok=True)
+    path, _ = make_patch(fake.upstream, fake.base, {**FIX, low_test: ("", "from vllm_like.core import clamp\n\n\n"
+                         "def test_low():\n    assert clamp(-3, 0, 5) == 0\n")}, "[Core] clamp the low end", "clamp-low",
+                         fake.root / "variants" / "low" / "0002-clamp-low.patch", kind="fix",
+                         extra=f"Checks: {low_test}::test_low\n")
+    low = parse_patch(path)
+    path, _ = make_patch(fake.upstream, fake.base, FIX, "[Core] also checks clamp", "clamp-again",
+                         fake.root / "variants" / "low" / "0003-clamp-again.patch", kind="fix",
+                         extra=f"Checks: {CHECKS[0]}\n")
+    again = parse_patch(path)
+    assert [[p.fix_id for p in g] for g in behaviour.batches([high, low, again])] == \
+        [["clamp-high", "clamp-low"], ["clamp-again"]]
+    nb = _nb(fake, fake.base)
+    budget = Budget(None)
+    assert behaviour.prefetch(ctx, nb, [high, low], budget) == 1 and budget.used == 1
+    none_left = Budget(0)
+    got = {p.fix_id: behaviour.without_fix(ctx, nb, p, none_left) for p in (high, low)}
+    assert got["clamp-high"].state == behaviour.NEEDED and got["clamp-high"].cached, got["clamp-high"].detail
+    assert f"{FIX_TEST}::test_clamp_high at {FIX_TEST}:5: " in got["clamp-high"].detail
+    assert got["clamp-low"].state == behaviour.UPSTREAM and got["clamp-low"].cached, got["clamp-low"].detail
+    assert "all 1 Checks pass" in got["clamp-low"].detail
+    assert got["clamp-high"].evidence == got["clamp-low"].evidence  # one run, one log
+    assert behaviour.prefetch(ctx, nb, [high, low], Budget(0)) == 0  # both cached: nothing to run
+
+
 def test_the_checks_budget_is_a_count(monkeypatch):
     monkeypatch.delenv("KVFORGE_WATCH_CHECKS", raising=False)
     assert checks_budget(None) is None and checks_budget(3) == 3

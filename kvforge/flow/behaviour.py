@@ -308,6 +308,69 @@ def cached_run(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Run | Non
     return run
 
 
+def _test_paths(patch: Patch) -> set[str]:
+    """The test files a patch's run without the fix depends on: those it adds or changes, and its Checks' files."""
+    return {p for p in patch.touched_paths if is_test_path(p)} | {c.split("::", 1)[0] for c in patch.checks}
+
+
+def batches(patches: list[Patch]) -> list[list[Patch]]:
+    """The patches in groups whose Checks can share one pytest run: no two in a group touch or check the same
+    test file, and a patch that changes a conftest.py (it changes every test under it) runs alone. In order."""
+    groups: list[tuple[list[Patch], set[str]]] = []
+    for p in patches:
+        paths = _test_paths(p)
+        alone = any(x.rsplit("/", 1)[-1] == "conftest.py" for x in paths)
+        home = None if alone else next((g for g in groups if not g[1] & paths and
+                                        not any(x.rsplit("/", 1)[-1] == "conftest.py" for x in g[1])), None)
+        if home is None:
+            groups.append(([p], set(paths)))
+        else:
+            home[0].append(p)
+            home[1].update(paths)
+    return [g for g, _ in groups]
+
+
+def prefetch(ctx_like, nb: NewBase, patches: list[Patch], budget: Budget) -> int:
+    """Run the Checks without the fix of several patches on nb in one pytest per batch (each patch's test files
+    added, the others' fixes absent), each patch's result cached under its own key as `cached_run` keeps it, so
+    the later `without_fix` of each is read from the cache. Patches already cached, or without Checks, are left
+    out; a batch of one is left to `cached_run`. One batch costs one run from `budget`. Returns the runs made."""
+    env_key = env_fingerprint(ctx_like, nb)
+    todo = [p for p in patches if p.checks and
+            _load(_results(ctx_like.cache) / f"{result_key('without-fix', nb, p.sha256, env_key)}.json") is None]
+    made = 0
+    for group in batches(todo):
+        if len(group) < 2:
+            continue
+        if not budget.take():
+            break
+        made += 1
+        keys = [_results(ctx_like.cache) / f"{result_key('without-fix', nb, p.sha256, env_key)}.json" for p in group]
+        tree = _tree(ctx_like.cache)
+        try:
+            try:
+                env = _env(ctx_like, nb)
+            except KvforgeError:
+                return made  # no environment: each patch's own run says why (and is not kept)
+            gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
+            refused = {p.sha256: _add_test_files(p, tree) for p in group}
+            nodes = [c for p in group for c in p.checks if c.split("::", 1)[0] not in refused[p.sha256]]
+            run = _pytest(env, tree, list(dict.fromkeys(nodes)), "new base without the fix", nb.commit,
+                          keys[0].with_suffix("")) if nodes else Run(env=env.key)
+        finally:
+            _cleanup(tree)
+        for p, path in zip(group, keys):
+            mine = Run(env=run.env, log=run.log, junit=run.junit)
+            for c in p.checks:
+                mine.outcomes[c] = run.outcomes[c] if c.split("::", 1)[0] not in refused[p.sha256] and \
+                    c in run.outcomes else ("error", "collection error: its test file does not apply to the new base")
+                if c in run.lines:
+                    mine.lines[c] = run.lines[c]
+                mine.lines.update({k: v for k, v in run.lines.items() if k.startswith(c + "[")})
+            _save(path, mine)
+    return made
+
+
 def without_fix(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Verdict:
     """Watch's verdict on one conflict or disagreement row (see the module docstring)."""
     if not patch.checks:

@@ -545,13 +545,17 @@ def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget)
     by_name = {q.name: q for q in ctx.series().patches}
     old_commit = ctx.base().commit
     clone = upstream_clone(ctx)
-    for p in open_rows:
-        patch = by_name[p.name]
-        if clone is not None:  # history first: ancestry and patch-id
-            found = behaviour.by_history(clone, f"v{r.version}", c.ref, patch)
+    if clone is not None:  # history first: ancestry and patch-id
+        for p in open_rows:
+            found = behaviour.by_history(clone, f"v{r.version}", c.ref, by_name[p.name])
             if found:
                 p.decision, p.why = "upstream", f"by history ({clone.name}): {found}"
-                continue
+        open_rows = [p for p in open_rows if not p.decision]
+    if len(open_rows) > 1:  # the release's rows in as few pytest runs as their test files allow
+        ctx.say(f"watch: {len(open_rows)} rows on {r.package} {r.version}: their Checks without the fixes")
+        behaviour.prefetch(new_ctx, nb, [by_name[p.name] for p in open_rows], budget)
+    for p in open_rows:
+        patch = by_name[p.name]
         ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix")
         v = behaviour.without_fix(new_ctx, nb, patch, budget)
         p.behaviour, p.evidence = v.state, v.evidence
