@@ -152,8 +152,8 @@ def apply_cmd(cache: Cache, target_name: str, component: str | None, into: Path 
               help="Also check that every test path of every platform selection (cpu, cuda, npu) exists in its "
                    "base (materialises the bases into the cache).")
 @click.option("--collect", is_flag=True,
-              help="With --selections: also collect the cuda selections on CPU (pytest --collect-only) in the base "
-                   "and the patched tree; modules that do not import on CPU are checked by path, and said so.")
+              help="Implies --selections: also collect the cuda selections on CPU (pytest --collect-only) in the "
+                   "base and the patched tree; modules that do not import on CPU are checked by path, and said so.")
 @click.option("--no-audit", "no_audit", is_flag=True,
               help="Skip the audit of each series (kvforge audit: risky changes its headers do not acknowledge), "
                    "which reads the bases from the cache or the network; headers and diffs are still checked.")
