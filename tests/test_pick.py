@@ -604,3 +604,18 @@ def test_pick_after_places_the_patch_after_a_fix_and_reapplies_the_rest(picking,
     assert res.exit_code == 0, res.output
     log = _git(tree, "log", "--format=%s", "kvforge/base/v0.20.1..kvforge/v0.20.1").splitlines()[::-1]
     assert len(log) == 6 and "(#41282)" in log[1]
+
+
+def test_githubs_pr_answer_is_type_checked():
+    """A PR answer that is not GitHub's (a list, a number where a string belongs) is exit 6 naming the URL and the
+    field, never a traceback; null fields are kept as null."""
+    from kvforge.core.errors import KvforgeError
+    from kvforge.flow.picksource import _pr_meta
+
+    url = "https://api.github.com/repos/vllm-project/vllm/pulls/1"
+    assert _pr_meta(url, {"merged_at": None, "title": "t", "extra": 5}) == \
+        {"merged_at": None, "merge_commit_sha": None, "title": "t", "body": None}
+    for answer, said in (([1], "is not a JSON object"), ({"title": 7}, "has title of type int, not a string")):
+        with pytest.raises(KvforgeError) as exc:
+            _pr_meta(url, answer)
+        assert exc.value.exit_code == 6 and str(exc.value) == f"{url}: GitHub's answer {said}"

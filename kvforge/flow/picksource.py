@@ -221,6 +221,7 @@ def from_pr(spec: str, component: str | None, cache: Cache, say: Progress) -> Ch
         change = from_mbox(Path(fh.name), comp)
     finally:
         os.unlink(fh.name)
+    meta = _pr_meta(f"https://api.github.com/repos/{repo}/pulls/{number}", meta)
     change.source = f"{repo}#{number}"
     change.pr_url = f"https://github.com/{repo}/pull/{number}"
     change.pr_open = not meta.get("merged_at")
@@ -229,6 +230,21 @@ def from_pr(spec: str, component: str | None, cache: Cache, say: Progress) -> Ch
     change.subject = meta.get("title") or change.subject
     change.body = (meta.get("body") or "").strip() or change.body
     return change
+
+
+def _pr_meta(url: str, meta: object) -> dict[str, str | None]:
+    """GitHub's PR answer, the fields pick reads type-checked (each a string or null); exit 6 naming the URL and
+    the field otherwise (an answer that is not GitHub's: a proxy's page, an API change)."""
+    if not isinstance(meta, dict):
+        raise KvforgeError(f"{url}: GitHub's answer is not a JSON object", EXIT_NETWORK)
+    out: dict[str, str | None] = {}
+    for key in ("merged_at", "merge_commit_sha", "title", "body"):
+        value = meta.get(key)
+        if value is not None and not isinstance(value, str):
+            raise KvforgeError(f"{url}: GitHub's answer has {key} of type {type(value).__name__}, not a string",
+                               EXIT_NETWORK)
+        out[key] = value
+    return out
 
 
 def load_source(source: str, repo_dir: Path | None, component: str | None, cache: Cache, say: Progress) -> Change:
