@@ -225,8 +225,9 @@ def from_pr(spec: str, component: str | None, cache: Cache, say: Progress) -> Ch
     change.source = f"{repo}#{number}"
     change.pr_url = f"https://github.com/{repo}/pull/{number}"
     change.pr_open = not meta.get("merged_at")
-    if meta.get("merge_commit_sha") and not change.pr_open:
-        change.commits = [meta["merge_commit_sha"]]
+    merged = meta.get("merge_commit_sha")
+    if merged and not change.pr_open:
+        change.commits = [merged]
     change.subject = meta.get("title") or change.subject
     change.body = (meta.get("body") or "").strip() or change.body
     return change
