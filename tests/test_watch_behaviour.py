@@ -179,6 +179,43 @@ def test_a_releases_rows_share_one_pytest_run(fake):
     assert behaviour.prefetch(ctx, nb, [high, low], Budget(0)) == 0  # both cached: nothing to run
 
 
+def test_a_port_is_proven_on_the_patches_carried_before_it(fake):
+    """The variant of clamp-high calls hi_of(), which the patch before it in the series adds. On the bare release
+    its Checks cannot import hi_of (nothing proven); on the release with that patch carried (what watch's
+    `_under` gives a row: the last carried commit of the dry run before it) they fail without the port and pass
+    with it: port proven there, and the ready patch applies in series order."""
+    ctx = _ctx(fake)
+    release = _release(fake, {CORE: ("def double(x):", "def double(x):  # a release")}, "a release")
+    out = fake.root / "variants" / "under"
+    out.mkdir(parents=True)
+    first, first_commit = make_patch(fake.upstream, release, {CORE: ("def double(x):", "def hi_of(hi):\n    return hi"
+                                                                     "\n\n\ndef double(x):")},
+                                     "[Core] hi_of", "hi-of", out / "0001-hi-of.patch")
+    test = ("from vllm_like.core import clamp, hi_of\n\n\ndef test_clamp_high():\n    assert clamp(9, 0, hi_of(5)) == 5\n")
+    path, _ = make_patch(fake.upstream, first_commit, {CORE: ("return max(lo, x)", "return min(max(lo, x), hi_of(hi))"),
+                                                       FIX_TEST: ("", test)}, "[Core] clamp the high end",
+                         "clamp-high", out / "0002-clamp-high.patch", kind="fix",
+                         extra=f"Checks: {FIX_TEST}::test_clamp_high\nDepends-On: hi-of\n")
+    variant = [Variant("newer", "0.0.2", parse_patch(path), None)]
+    bare = behaviour.port(ctx, _nb(fake, release), fake.base, variant, Budget(None))
+    assert bare.state == "needs a person" and "nothing proven" in bare.detail, bare.detail
+    under = behaviour.port(ctx, _nb(fake, first_commit), fake.base, variant, Budget(None), release=release)
+    assert under.state == "port proven", under.detail
+    assert parse_patch(Path(first)).fix_id == "hi-of"
+
+
+def test_under_is_the_last_carried_commit_before_each_patch():
+    from kvforge.flow.rebase.state import Step, Verdict
+    from kvforge.flow.watch import _under
+
+    class Result:
+        patches = [Step("1", "a", Verdict.CARRIED, commit="c1"), Step("2", "b", Verdict.CONFLICT),
+                   Step("3", "c", Verdict.UPSTREAM), Step("4", "d", Verdict.CARRIED, commit="c4"),
+                   Step("5", "e", Verdict.CONFLICT)]
+
+    assert _under(Result()) == [(None, 0), ("c1", 1), ("c1", 1), ("c1", 1), ("c4", 2)]  # type: ignore[arg-type]
+
+
 def test_the_checks_budget_is_a_count(monkeypatch):
     monkeypatch.delenv("KVFORGE_WATCH_CHECKS", raising=False)
     assert checks_budget(None) is None and checks_budget(3) == 3

@@ -459,10 +459,13 @@ class Port:
     final: bool = True  # kept in the cache (False: no budget or no environment left it undecided)
 
 
-def port(ctx_like, nb: NewBase, old_commit: str | None, variants: list[Variant], budget: Budget) -> Port:
+def port(ctx_like, nb: NewBase, old_commit: str | None, variants: list[Variant], budget: Budget,
+         release: str | None = None) -> Port:
     """Try each variant, nearest first: `git am -3` onto nb, then its Checks without it (at least one must fail
     for a behavioural reason) and with it (all must pass): "port proven". The first variant that applies
-    decides; when none applies, the nearest one's conflict is reported."""
+    decides; when none applies, the nearest one's conflict is reported, with the change of that region between
+    `old_commit` and `release` (the release itself when nb.commit is the release with earlier patches on it;
+    default nb.commit)."""
     if not variants:
         return Port("needs a person", "no variant of the fix to port from")
     first_conflict: Port | None = None
@@ -470,7 +473,7 @@ def port(ctx_like, nb: NewBase, old_commit: str | None, variants: list[Variant],
         path = _results(ctx_like.cache) / f"{result_key('port', nb, v.patch.sha256, env_fingerprint(ctx_like, nb))}.json"
         got = _load_port(path)
         if got is None:
-            got = _try(ctx_like, nb, old_commit, v, path.with_suffix(""), budget)
+            got = _try(ctx_like, nb, old_commit, v, path.with_suffix(""), budget, release or nb.commit)
             if got.final:
                 _save_port(path, got)
         if not got.conflict:
@@ -494,7 +497,8 @@ def _save_port(path: Path, got: Port) -> None:
     os.replace(tmp, path)
 
 
-def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, budget: Budget) -> Port:
+def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, budget: Budget,
+         release: str) -> Port:
     tree = _tree(ctx_like.cache)
     try:
         gitutil.run(tree.parent, "clone", "-q", "--shared", "--no-checkout", str(nb.repo), str(tree))
@@ -508,7 +512,7 @@ def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, 
             return Port("needs a person", f"{v.target}'s variant changes nothing on the release", v.target)
         if how == "conflict":
             detail = diagnose(tree, v.patch, out)
-            conflict = _region(nb, old_commit, v.patch, detail)
+            conflict = _region(nb, release, old_commit, v.patch, detail)
             moved = f"; the release's change there since the old base: {conflict['upstream']}" \
                 if conflict.get("upstream") else ""
             return Port("needs a person", f"{v.target}'s variant does not apply: {detail}{moved}", v.target,
@@ -560,7 +564,7 @@ def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, 
             (tree.parent / f"{tree.name}.patch").unlink()
 
 
-def _region(nb: NewBase, old_commit: str | None, patch: Patch, detail: str) -> dict[str, Any]:
+def _region(nb: NewBase, release: str, old_commit: str | None, patch: Patch, detail: str) -> dict[str, Any]:
     """The conflicting file and hunk (from `detail`, git am's diagnosis), and the release's diff of that file
     since the old base: its hunks near the patch's hunk, and the command that shows them."""
     m = re.search(r"hunk (\d+) of (\S+) does not apply at line (\d+)", detail)
@@ -570,7 +574,7 @@ def _region(nb: NewBase, old_commit: str | None, patch: Patch, detail: str) -> d
                            "line": int(m.group(3)) if m else None, "upstream": ""}
     if not path or not old_commit:
         return out
-    res = gitutil.run(nb.repo.parent, "diff", "-U0", old_commit, nb.commit, "--", path, check=False,
+    res = gitutil.run(nb.repo.parent, "diff", "-U0", old_commit, release, "--", path, check=False,
                       env={"GIT_DIR": str(nb.repo)})
     heads = re.findall(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", res.stdout, re.M)
     near = heads
@@ -583,7 +587,7 @@ def _region(nb: NewBase, old_commit: str | None, patch: Patch, detail: str) -> d
     shown = ", ".join(f"-{h[0]},{h[1] or 1} +{h[2]},{h[3] or 1}" for h in near[:3])
     out["upstream"] = (f"{len(heads)} hunk{'s' if len(heads) != 1 else ''} in {path} "
                        f"({'near it: ' if near is not heads else ''}{shown}); "
-                       f"git diff {old_commit[:12]} {nb.commit[:12]} -- {path}")
+                       f"git diff {old_commit[:12]} {release[:12]} -- {path}")
     return out
 
 

@@ -44,13 +44,15 @@ from packaging.version import InvalidVersion, Version
 from kvforge.core import index
 from kvforge.core.index import pypi_url
 from kvforge.flow import behaviour
-from kvforge.flow.upstream import new_base_info
+from kvforge.flow.upstream import NewBase, new_base_info
+from kvforge.git import gitutil
 from kvforge.git.bases import ensure_base
 from kvforge.wheels.choose import choose_wheels
 from kvforge.core.cache import Cache
 from kvforge.git.context import Context
 from kvforge.core.errors import EXIT_APPLY, EXIT_NETWORK, EXIT_OK, EXIT_USAGE, KvforgeError
 from kvforge.flow.rebase import RebaseResult
+from kvforge.flow.rebase.state import Verdict
 from kvforge.flow.rebase.command import rebase
 from kvforge.core.render import table
 from kvforge.flow.targetadd import TargetAddResult, add
@@ -514,7 +516,7 @@ def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseR
         result = rebase(ctx, f"v{r.version}" if source == "git" else r.version, dry_run=True)
         chk.patches = _patch_rows(result)
         chk.notes = [n for n in result.notes if not n.startswith("no wheel like")]  # the wheels are said apart
-        _decide(ctx, r, chk, budget or behaviour.Budget(None))
+        _decide(ctx, r, chk, budget or behaviour.Budget(None), _under(result))
     except KvforgeError as exc:
         chk.error, chk.exit = str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code
     pinned = sorted({w.arch for w in c.wheels if w.arch})
@@ -529,9 +531,24 @@ def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseR
 # ---------------------------------------------------------------- behaviour decides
 
 
-def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget) -> None:
+def _under(result: RebaseResult) -> list[tuple[str | None, int]]:
+    """For each patch of the dry run: the commit it goes on (the last carried patch's before it; None: the release
+    itself) and how many carried patches that commit holds."""
+    out: list[tuple[str | None, int]] = []
+    head, carried = None, 0
+    for s in result.patches:
+        out.append((head, carried))
+        if s.verdict == Verdict.CARRIED and s.commit:
+            head, carried = s.commit, carried + 1
+    return out
+
+
+def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget,
+            under: list[tuple[str | None, int]] | None = None) -> None:
     """Each row's decision: the rebase's verdict where it settles it (upstream, carried), else the Checks without
-    the fix on the release and, for a fix still needed, a port of its nearest variant (kvforge.flow.behaviour)."""
+    the fix and, for a fix still needed, a port of its nearest variant (kvforge.flow.behaviour), both on what the
+    patch goes on in the series: the release with the patches carried before it (`under`: _under's list; a
+    conflict earlier in the series is left out, as the dry run left it out)."""
     open_rows = [p for p in chk.patches if p.verdict not in GOOD]
     for p in chk.patches:
         if p.verdict in GOOD:
@@ -551,25 +568,40 @@ def _decide(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget)
             if found:
                 p.decision, p.why = "upstream", f"by history ({clone.name}): {found}"
         open_rows = [p for p in open_rows if not p.decision]
-    if len(open_rows) > 1:  # the release's rows in as few pytest runs as their test files allow
-        ctx.say(f"watch: {len(open_rows)} rows on {r.package} {r.version}: their Checks without the fixes")
-        behaviour.prefetch(new_ctx, nb, [by_name[p.name] for p in open_rows], budget)
+    row_nb: dict[int, tuple[NewBase, str]] = {}  # id(row) -> (what it goes on, said in its why)
+    for k, p in enumerate(chk.patches):
+        head, carried = under[k] if under else (None, 0)
+        if head is not None and gitutil.run(nb.repo.parent, "cat-file", "-e", f"{head}^{{commit}}", check=False,
+                                            env={"GIT_DIR": str(nb.repo)}).returncode == 0:
+            row_nb[id(p)] = (replace(nb, commit=head), f"on the release with the {carried} patch"
+                                                       f"{'es' if carried != 1 else ''} carried before it: ")
+        else:
+            row_nb[id(p)] = (nb, "")
+    groups: dict[str, list[PatchRow]] = {}
+    for p in open_rows:
+        groups.setdefault(row_nb[id(p)][0].commit, []).append(p)
+    for rows in groups.values():  # the rows on one commit in as few pytest runs as their test files allow
+        if len(rows) > 1:
+            ctx.say(f"watch: {len(rows)} rows on {r.package} {r.version}: their Checks without the fixes")
+            behaviour.prefetch(new_ctx, row_nb[id(rows[0])][0], [by_name[p.name] for p in rows], budget)
     for p in open_rows:
         patch = by_name[p.name]
-        ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix")
-        v = behaviour.without_fix(new_ctx, nb, patch, budget)
+        pnb, on = row_nb[id(p)]
+        ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix"
+                f"{' (' + on.rstrip(': ') + ')' if on else ''}")
+        v = behaviour.without_fix(new_ctx, pnb, patch, budget)
         p.behaviour, p.evidence = v.state, v.evidence
         if v.state == behaviour.UPSTREAM:
-            p.decision, p.why = behaviour.UPSTREAM, v.detail
+            p.decision, p.why = behaviour.UPSTREAM, on + v.detail
             continue
-        said = f"{v.state} ({v.detail.split(' (evidence')[0]})"
+        said = f"{on}{v.state} ({v.detail.split(' (evidence')[0]})"
         if v.state == behaviour.BUDGET:
             p.decision, p.why = "needs a person", v.detail
             continue
         # Needed, or the series' own Checks cannot run there: a variant's Checks, failing without it and passing
         # with it on the release, prove both that the fix is needed and the port.
         ctx.say(f"watch: {p.fix_id} on {r.version}: {v.state}; porting its nearest variant")
-        got = behaviour.port(new_ctx, nb, old_commit, variants(ctx, patch, r.version), budget)
+        got = behaviour.port(new_ctx, pnb, old_commit, variants(ctx, patch, r.version), budget, release=nb.commit)
         p.port = {"state": got.state, "detail": got.detail, "source": got.source, "patch_file": got.patch_file,
                   "conflict": got.conflict}
         if got.state == "port proven":
