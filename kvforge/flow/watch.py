@@ -15,10 +15,12 @@ one write watch makes, all or nothing per target; a target add that stops (a con
 series) ends the applying (exit 3), its state resumable with `kvforge target add --continue`.
 
 Behaviour decides (kvforge.flow.behaviour): a conflict or disagreement row gets the patch's Checks run on the
-release without the fix, in the release's CPU environment (built once, cached by content): all pass ->
+release with the patches the dry run carried before it, without the fix, in the release's CPU environment (built
+once, cached by content; a release's rows on one commit share a pytest run where their test files allow): all
+pass (its Bug-Checks) ->
 "upstream (by behaviour)"; a behavioural failure -> "needed", and then a port of the nearest variant of the fix
-(the same Fix-Id in any target's series of that component, the one whose release is nearest first) onto the
-release, proven when its Checks fail without it and pass with it ("port proven", the ready patch kept in the
+(the same Fix-Id in any target's series of that component, the one whose release is nearest first) onto that
+same commit, proven when its Checks fail without it and pass with it ("port proven", the ready patch kept in the
 cache); else "needs a person" with why (the Checks cannot run there, or where the port stops and the release's
 change of that region). `checks` (--checks N; $KVFORGE_WATCH_CHECKS) bounds the Checks runs of one watch (a
 result from the cache is no run); rows beyond it say "not checked: budget". Each row's `decision` is one of
