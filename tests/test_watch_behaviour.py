@@ -322,3 +322,25 @@ def _commit_of(fake, patch) -> str:
     git(fake.upstream, "worktree", "add", "-q", "--detach", str(tree), fake.base)
     git(tree, "am", "-q", str(patch.path))
     return git(tree, "rev-parse", "HEAD").strip()
+
+
+def test_the_environment_of_a_component_on_vllm_is_keyed_by_vllms_series(tmp_path, fake):
+    """vllm-ascend's Checks run in an environment holding vLLM's patched tree: a change of one vLLM patch is
+    another environment key (no result made with the old series is read); the same series is the same key."""
+    from types import SimpleNamespace
+
+    from conftest import REPO_ROOT
+
+    series = tmp_path / "vllm-series"
+    series.mkdir()
+    for f in (REPO_ROOT / "patches" / "v0.20.2rc").iterdir():
+        (series / f.name).write_bytes(f.read_bytes())
+    vllm = SimpleNamespace(release=SimpleNamespace(version="0.20.2", sha256="ab"), series_dir=series)
+    ctx_like = SimpleNamespace(component=SimpleNamespace(requires="vllm"),
+                               target=SimpleNamespace(component=lambda _name: vllm))
+    nb = _nb(fake, fake.base)
+    key = behaviour.env_fingerprint(ctx_like, nb)
+    assert key == behaviour.env_fingerprint(ctx_like, nb) and key.startswith("vllm-0.20.2-ab-")
+    patch = sorted(series.glob("0004-*.patch"))[0]
+    patch.write_bytes(patch.read_bytes().replace(b"Bug-Checks:", b"Checks:", 1))
+    assert behaviour.env_fingerprint(ctx_like, nb) != key

@@ -42,7 +42,7 @@ from kvforge.env.venv import Env, env_spec, target_env, tree_reader
 from kvforge.flow.upstream import NewBase, Signal, is_test_path
 from kvforge.git import gitutil
 from kvforge.git.engine import am_one, diagnose
-from kvforge.project.series import Patch
+from kvforge.project.series import Patch, read_series
 from kvforge.proof.testrun import run_pytest
 from kvforge.proof.verify import fail_kind
 
@@ -256,7 +256,9 @@ class Verdict:
 
 def env_fingerprint(ctx_like, nb: NewBase) -> str:
     """What the environment of nb's Checks is made of, read without building it: its spec's key (a hash of the
-    base's requirements), or, for a component built on another one, that component's name and release too."""
+    base's requirements), or, for a component built on another one (vllm-ascend on vLLM), that component's
+    release and the content of its series (the patched tree the environment installs): a changed vLLM patch
+    is a new environment, so no result made with the old one is read."""
     try:
         key = env_spec(tree_reader(nb.repo, nb.commit), f"{nb.commit[:12]}").key
     except KvforgeError as exc:
@@ -264,7 +266,12 @@ def env_fingerprint(ctx_like, nb: NewBase) -> str:
     requires = getattr(getattr(ctx_like, "component", None), "requires", None)
     if requires:
         other = ctx_like.target.component(requires)
-        key = f"{requires}-{other.release.version}-{other.series_dir.name}"
+        try:
+            series = hashlib.sha256("".join(f"{p.name} {p.sha256}\n" for p in read_series(other.series_dir).patches)
+                                    .encode()).hexdigest()[:16]
+        except (KvforgeError, OSError) as exc:
+            series = f"unreadable ({exc})"
+        key = f"{requires}-{other.release.version}-{other.release.sha256 or ''}-{series}"
     return key
 
 
