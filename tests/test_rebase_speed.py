@@ -361,6 +361,34 @@ def test_commits_made_without_a_worktree_are_git_ams(fake, tmp_path):
     assert engine.am_without_worktree(up / ".git", "0" * 40, patches) == []  # a head git cannot read: nothing
 
 
+def test_patches_naming_no_path_in_common_are_applied_in_one_run(fake, tmp_path, monkeypatch):
+    """am_without_worktree applies the leading patches that name no path in common in one `git apply --cached` (a
+    file of them joined) and makes the commits `git am` makes of them one by one; the patches after them (here one
+    that changes a path an earlier one made) are applied alone, on top; a joined run that fails (a patch that does
+    not apply) leaves each to be applied alone, and the commits before that patch are made."""
+    up = fake.upstream
+    patches = [_patch_file(up, fake.base, {f"vllm_like/j{k}.py": ("", f"J{k} = {k}\n")}, f"j{k}\n\nbody {k}\n",
+                           "A B <ab@example.com>", tmp_path / f"j{k}.patch") for k in range(5)]
+    patches.append(_patch_file(up, fake.base, {CORE: ("def double(x):", "# edited\n\n\ndef double(x):")},
+                               "core\n", "C D <cd@example.com>", tmp_path / "core.patch"))
+    patches.append(_patch_file(up, fake.base, CLAMP, "clamp\n", "C D <cd@example.com>", tmp_path / "clamp.patch"))
+    calls = _count_git(monkeypatch)
+    made = engine.am_without_worktree(up / ".git", fake.base, patches)
+    applies = [a for a in calls if a[0] == "apply"]
+    assert len(applies) == 2 and applies[0][-1].endswith("joined.patch")  # 6 joined (core too), clamp alone
+    wt = tmp_path / "wt"
+    git(up, "worktree", "add", "-q", "--detach", str(wt), fake.base)
+    git(wt, *engine.AM_OPTS, *map(str, patches), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{fake.base}..HEAD").split() == made and len(made) == 7
+    # Upstream changed the line the core patch changes: the joined run fails; the four before it are made.
+    shifted = _commit_on(up, fake.base, {CORE: ("def double(x):", "def double(y):")}, "upstream edits double")
+    made2 = engine.am_without_worktree(up / ".git", shifted, patches[:5] + patches[5:6])
+    assert len(made2) == 5
+    git(wt, "checkout", "-q", "--detach", shifted)
+    git(wt, *engine.AM_OPTS, *map(str, patches[:5]), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{shifted}..HEAD").split() == made2
+
+
 def test_equal_pairs_is_what_git_range_diff_prints(fake, tmp_path):
     """rebase.commit.equal_pairs writes git range-diff's "=" lines (numbers padded, abbreviations, subjects) for a
     series moved to a base where its lines shifted; same_change tells a moved patch from an edited one."""
@@ -474,11 +502,17 @@ def test_batched_apply_checks_answer_as_each_check_alone(fake, monkeypatch):
         return run_many(cwd, calls, **kw)
 
     monkeypatch.setattr(gitutil, "run_many", counting)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one joined run per direction where the paths allow
     with Probe(nb, patches, commits) as probe:
         assert [gather(nb, p, c, probe=probe) for p, c in zip(patches, commits)] == alone
-    # A series the base lacks entirely: one reverse check per patch and one batch of forward checks, that passes.
+    # Passes and failures of both directions were read from the joined runs' errors: no check was asked alone
+    # but f0-again's (f0.py is named by f0 too, so it is in neither joined run): 2 joined runs and 2 alone.
+    checks = [c for calls in runs for c in calls if c[0] == "apply"]
+    assert len(checks) == 4, checks
+    # A series the base lacks entirely: one joined run of its reverse checks (all fail), one of its forward ones.
     runs.clear()
     with Probe(nb, patches[4:8], commits[4:8]) as probe:
         assert [gather(nb, p, c, probe=probe) for p, c in zip(patches[4:8], commits[4:8])] == alone[4:8]
     checks = [c for calls in runs for c in calls if c[0] == "apply"]
-    assert sorted(sum(a.endswith(".patch") for a in c) for c in checks) == [1, 1, 1, 1, 4]
+    assert sorted("-R" in c for c in checks) == [False, True]
+    assert all(sum(a.startswith("--include=") for a in c) == 4 for c in checks)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvforge.git import gitutil
 from kvforge.core.errors import EXIT_APPLY, EXIT_ENV, KvforgeError
-from kvforge.git.pathindex import PathIndex
+from kvforge.git.pathindex import PathIndex, named_paths
 from kvforge.project.series import Patch
 
 AM_OPTS = ("am", "-3", "--keep-non-patch", "--committer-date-is-author-date", "--no-gpg-sign")
@@ -336,6 +336,7 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
     made: list[bytes] = []  # fast-import commands, one commit each
     # fast-import's ref for these commits: this thread's alone; the stream's last `reset` deletes it.
     ref = b"refs/kvforge/am-%d-%d" % (os.getpid(), threading.get_ident())
+    width = 2 * (os.cpu_count() or 1)  # mailinfo runs ahead, this many at a time
     with tempfile.TemporaryDirectory(prefix="kvforge-am-") as tmp:
         try:
             index = PathIndex(repo, head, raws, Path(tmp) / "index")
@@ -344,25 +345,34 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
         env, cwd = index.env, Path(tmp)
         state = index.entries()
         n = next((k for k, ok in enumerate(index.usable) if not ok), len(raws))  # the patches it answers for
-        with ThreadPoolExecutor(1, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last one
+        joined = _joined_runs(cwd, env, raws[:n], state, index)  # patch k -> its entries after it, where known
+        with ThreadPoolExecutor(width, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last ones
             def mailinfo(k: int) -> "Future[gitutil.Result]":
-                """Patch k's mailinfo, started now (while patch k-1 applies)."""
+                """Patch k's mailinfo, started now (while earlier patches are read)."""
                 args = ("mailinfo", "-b", str(cwd / f"msg{k}"), str(cwd / f"patch{k}"))
                 return pool.submit(lambda: gitutil.run(cwd, *args, stdin=raws[k], env=env, check=False))
 
-            started = [mailinfo(0)] if n else []
+            started = [mailinfo(k) for k in range(min(n, width))]  # at most `width` mailinfos past a stop
             for k, raw in enumerate(raws[:n]):
-                if k + 1 < n:
-                    started.append(mailinfo(k + 1))  # at most one mailinfo past a stop: no waste
+                if k + width < n:
+                    started.append(mailinfo(k + width))
                 info = started[k].result()
                 msg_file, diff_file = cwd / f"msg{k}", cwd / f"patch{k}"
                 fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
                 when = fields.get("Date", "").encode()
                 if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
                     break
-                if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
-                    break  # (the bytes read once: what mailinfo read is what is applied)
-                new = index.entries()
+                if k in joined:
+                    new = {**state}
+                    for path, entry in joined[k].items():
+                        if entry is None:
+                            new.pop(path, None)
+                        else:
+                            new[path] = entry
+                else:
+                    if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
+                        break  # (the bytes read once: what mailinfo read is what is applied)
+                    new = index.entries()
                 author = _author(cwd, fields, env)
                 if new == state or author is None:
                     break
@@ -382,6 +392,57 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
         res = gitutil.run(cwd, "-c", "fastimport.unpackLimit=1000", "fast-import", "--quiet", "--force",
                           "--date-format=rfc2822", stdin=stream, env=env, binary=True, check=False)
     return res.stdout.decode().split() if res.returncode == 0 else []
+
+
+def _joined_runs(cwd: Path, env: dict[str, str], raws: "list[bytes]", state: "dict[bytes, tuple[int, str]]",
+                 index: PathIndex) -> "dict[int, dict[bytes, tuple[int, str] | None]]":
+    """What `git apply --cached` of each patch in turn does to the index (`state`, index's entries), for the
+    leading patches that name no path in common (joinable_paths): patch k -> its paths' entries after it (None:
+    removed), from one `git apply --cached` of them all, joined into one file, which leaves the index as the
+    last of them leaves it (the caller goes on from there, or stops at one of them). Empty when there are fewer
+    than two such patches or that run fails (then each is applied alone, in turn, as before), the index as it
+    was.
+
+    Exact because git apply --cached changes only the entries of the paths a patch names, and patches that name
+    no path in common see, each, the entries the ones before left of its paths: those of `state`; the joined run
+    applies every diff or none (it writes the index only when all apply)."""
+    seen: set[bytes] = set()
+    named: list[set[bytes]] = []
+    for raw in raws:
+        paths = joinable_paths(raw)
+        got = {p.encode("utf-8", "surrogateescape") for p in paths} if paths is not None else None
+        if got is None or got & seen:
+            break
+        seen |= got
+        named.append(got)
+    if len(named) < 2:
+        return {}
+    joined = cwd / "joined.patch"
+    joined.write_bytes(b"".join(raws[:len(named)]))
+    saved = index.index.read_bytes()
+    if gitutil.run(cwd, "apply", "--cached", str(joined), env=env, check=False).returncode != 0:
+        index.index.write_bytes(saved)
+        return {}
+    after = index.entries()  # the index stays so: the patches after these apply on top of them all
+    return {k: {p: after.get(p) for p in paths} for k, paths in enumerate(named)}
+
+
+_DIFFISH = (b"--- ", b"+++ ", b"diff ", b"@@ ", b"Index: ")
+
+
+def joinable_paths(raw: bytes) -> "set[str] | None":
+    """The paths a patch file names when it can be joined with others into one `git apply` input (None: it
+    cannot): every path read plainly (pathindex.named_paths), one named at least, the file ending in a newline,
+    and nothing before its first `diff --git` that git apply could read as a diff. git apply reads such a
+    joined file as it reads each of them alone, in turn, and of patches that name no path in common each diff
+    meets only the entries of its own paths."""
+    start = raw.find(b"\ndiff --git ")
+    paths = named_paths(raw)
+    if start < 0 or not paths or not raw.endswith(b"\n"):
+        return None
+    if any(line.startswith(_DIFFISH) for line in raw[:start].split(b"\n")):
+        return None
+    return paths
 
 
 _COMMITTER = b"%s <%s>" % (gitutil.COMMITTER["GIT_COMMITTER_NAME"].encode(),
