@@ -375,11 +375,20 @@ def test_patches_naming_no_path_in_common_are_applied_in_one_run(fake, tmp_path,
     calls = _count_git(monkeypatch)
     made = engine.am_without_worktree(up / ".git", fake.base, patches)
     applies = [a for a in calls if a[0] == "apply"]
-    assert len(applies) == 2 and applies[0][-1].endswith("joined.patch")  # 6 joined (core too), clamp alone
+    assert len(applies) == 2 and "joined" in applies[0][-1]  # 6 joined (core too), clamp alone
     wt = tmp_path / "wt"
     git(up, "worktree", "add", "-q", "--detach", str(wt), fake.base)
     git(wt, *engine.AM_OPTS, *map(str, patches), env=gitutil.COMMITTER)
     assert git(wt, "rev-list", "--reverse", f"{fake.base}..HEAD").split() == made and len(made) == 7
+    # A run after patches that share a path (core, then clamp: both change CORE) is joined too, on top of them.
+    reordered = [patches[5], patches[6], *patches[:5]]
+    calls.clear()
+    made3 = engine.am_without_worktree(up / ".git", fake.base, reordered)
+    applies = [a for a in calls if a[0] == "apply"]
+    assert len(applies) == 2 and "joined" not in applies[0][-1] and "joined" in applies[1][-1]
+    git(wt, "checkout", "-q", "--detach", fake.base)
+    git(wt, *engine.AM_OPTS, *map(str, reordered), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{fake.base}..HEAD").split() == made3 and len(made3) == 7
     # Upstream changed the line the core patch changes: the joined run fails; the four before it are made.
     shifted = _commit_on(up, fake.base, {CORE: ("def double(x):", "def double(y):")}, "upstream edits double")
     made2 = engine.am_without_worktree(up / ".git", shifted, patches[:5] + patches[5:6])

@@ -345,7 +345,8 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
         env, cwd = index.env, Path(tmp)
         state = index.entries()
         n = next((k for k, ok in enumerate(index.usable) if not ok), len(raws))  # the patches it answers for
-        joined = _joined_runs(cwd, env, raws[:n], state, index)  # patch k -> its entries after it, where known
+        segments = _segments(raws[:n])  # start -> the paths of each patch of a run naming no path in common
+        joined: dict[int, dict[bytes, tuple[int, str] | None]] = {}  # patch k -> its paths' entries after it
         with ThreadPoolExecutor(width, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last ones
             def mailinfo(k: int) -> "Future[gitutil.Result]":
                 """Patch k's mailinfo, started now (while earlier patches are read)."""
@@ -362,6 +363,8 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
                 when = fields.get("Date", "").encode()
                 if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
                     break
+                if k in segments:  # the run starting here, applied at once (on the index as the patches before left it)
+                    joined = _joined_run(cwd, env, raws[k:k + len(segments[k])], segments[k], index, k)
                 if k in joined:
                     new = {**state}
                     for path, entry in joined[k].items():
@@ -394,37 +397,43 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
     return res.stdout.decode().split() if res.returncode == 0 else []
 
 
-def _joined_runs(cwd: Path, env: dict[str, str], raws: "list[bytes]", state: "dict[bytes, tuple[int, str]]",
-                 index: PathIndex) -> "dict[int, dict[bytes, tuple[int, str] | None]]":
-    """What `git apply --cached` of each patch in turn does to the index (`state`, index's entries), for the
-    leading patches that name no path in common (joinable_paths): patch k -> its paths' entries after it (None:
-    removed), from one `git apply --cached` of them all, joined into one file, which leaves the index as the
-    last of them leaves it (the caller goes on from there, or stops at one of them). Empty when there are fewer
-    than two such patches or that run fails (then each is applied alone, in turn, as before), the index as it
-    was.
-
-    Exact because git apply --cached changes only the entries of the paths a patch names, and patches that name
-    no path in common see, each, the entries the ones before left of its paths: those of `state`; the joined run
-    applies every diff or none (it writes the index only when all apply)."""
-    seen: set[bytes] = set()
-    named: list[set[bytes]] = []
-    for raw in raws:
-        paths = joinable_paths(raw)
+def _segments(raws: "list[bytes]") -> "dict[int, list[set[bytes]]]":
+    """The runs of consecutive patches that name no path in common (joinable_paths), two patches or more:
+    the index of each run's first patch -> the paths of each of its patches (as the index names them)."""
+    out: dict[int, list[set[bytes]]] = {}
+    start, run, seen = 0, [], set()  # type: int, list[set[bytes]], set[bytes]
+    for k, raw in enumerate([*raws, None]):
+        paths = joinable_paths(raw) if raw is not None else None
         got = {p.encode("utf-8", "surrogateescape") for p in paths} if paths is not None else None
-        if got is None or got & seen:
-            break
-        seen |= got
-        named.append(got)
-    if len(named) < 2:
-        return {}
-    joined = cwd / "joined.patch"
-    joined.write_bytes(b"".join(raws[:len(named)]))
+        if got is not None and not got & seen:
+            run.append(got)
+            seen |= got
+            continue
+        if len(run) >= 2:
+            out[start] = run
+        start, run, seen = (k, [got], set(got)) if got is not None else (k + 1, [], set())
+    return out
+
+
+def _joined_run(cwd: Path, env: dict[str, str], raws: "list[bytes]", named: "list[set[bytes]]", index: PathIndex,
+                first: int) -> "dict[int, dict[bytes, tuple[int, str] | None]]":
+    """What `git apply --cached` of each of `raws` in turn (patches that name no path in common: `named`, see
+    _segments) does to the index: patch first+k -> its paths' entries after it (None: removed), from one `git
+    apply --cached` of them all, joined into one file, which leaves the index as the last of them leaves it (the
+    caller goes on from there, or stops at one of them). Empty when that run fails (then each is applied alone,
+    in turn, as before), the index as it was.
+
+    Exact because git apply --cached changes only the entries of the paths a patch names, and of patches that
+    name no path in common each finds the entries of its paths as the patches before the run left them; the
+    joined run applies every diff or none (it writes the index only when all apply)."""
+    joined = cwd / f"joined-{first}.patch"
+    joined.write_bytes(b"".join(raws))
     saved = index.index.read_bytes()
     if gitutil.run(cwd, "apply", "--cached", str(joined), env=env, check=False).returncode != 0:
         index.index.write_bytes(saved)
         return {}
-    after = index.entries()  # the index stays so: the patches after these apply on top of them all
-    return {k: {p: after.get(p) for p in paths} for k, paths in enumerate(named)}
+    after = index.entries()
+    return {first + k: {p: after.get(p) for p in paths} for k, paths in enumerate(named)}
 
 
 _DIFFISH = (b"--- ", b"+++ ", b"diff ", b"@@ ", b"Index: ")
