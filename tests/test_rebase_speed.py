@@ -29,6 +29,7 @@ from kvforge.flow.rebase.commit import equal_pairs, same_change
 from kvforge.flow.rebase.steps import rerere_enabled
 from kvforge.project.series import parse_patch
 from kvforge.project.targets import Component, Release
+from kvforge.flow import upstream
 from kvforge.flow.upstream import NewBase, Probe, gather
 
 CLAMP = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
@@ -359,6 +360,23 @@ def test_commits_made_without_a_worktree_are_git_ams(fake, tmp_path):
     git(wt, "checkout", "-q", "--detach", made2[0])
     assert engine.am_one(wt, double, made2[0])[0] == "conflict"
     assert engine.am_without_worktree(up / ".git", "0" * 40, patches) == []  # a head git cannot read: nothing
+
+
+def test_a_joined_check_is_read_only_when_every_error_names_one_patchs_path(fake):
+    """upstream._attribute: a joined `git apply --check` that passes answers every check (passed); one that fails
+    answers each check from the errors naming its paths (the last one its detail), and none when a line names no
+    path of the batch (a corrupt patch, a warning) or git said nothing: those checks are then asked alone."""
+    patches, _ = _stack(fake, [(f"a{k}", {f"vllm_like/a{k}.py": ("", f"A{k} = {k}\n")}, "") for k in range(3)])
+    batch = [(p, [f"vllm_like/a{k}.py"], True) for k, p in enumerate(patches)]
+    res = gitutil.Result
+    assert upstream._attribute(batch, res(0, "", "warning: anything\n")) == [(True, "")] * 3
+    failed = res(1, "", "error: patch failed: vllm_like/a2.py:1\nerror: vllm_like/a2.py: patch does not apply\n"
+                        "error: vllm_like/a0.py: does not exist in index\n")
+    assert upstream._attribute(batch, failed) == [(False, "vllm_like/a0.py: does not exist in index"), (True, ""),
+                                                  (False, "vllm_like/a2.py: patch does not apply")]
+    for stderr in ("error: corrupt patch at line 12\n", "error: vllm_like/other.py: patch does not apply\n",
+                   "error: vllm_like/a0.py: patch does not apply\nwarning: 1 line adds whitespace errors.\n", ""):
+        assert upstream._attribute(batch, res(1, "", stderr)) is None
 
 
 def test_patches_naming_no_path_in_common_are_applied_in_one_run(fake, tmp_path, monkeypatch):
