@@ -313,8 +313,10 @@ def am_ahead(repo: Path, head: str, raws: "list[bytes]") -> None:
 def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
     """The commits `git am` (AM_OPTS) makes of `patches` on `head`, made without a worktree, for the leading
     patches that apply as they are: `git mailinfo -b` reads author, date and message as am does (subject, a
-    blank line, the body, then git's stripspace), `git apply --cached` applies each patch to a temporary index
-    holding only the paths the patches name (pathindex.PathIndex), and one `git fast-import` writes the commits
+    blank line, the body, then git's stripspace; a few run ahead at once), `git apply --cached` applies each patch
+    to a temporary index holding only the paths the patches name (pathindex.PathIndex; each run of consecutive
+    patches that name no path in common in one `git apply --cached` of them joined, _joined_run, which gives the
+    entries applying them one by one gives), and one `git fast-import` writes the commits
     from the entries that changed (kvforge's committer, its date the author's: --committer-date-is-author-date;
     author and dates parsed by git as am parses them). Same bytes in, the same commit ids as `git am`.
 
