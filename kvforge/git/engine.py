@@ -8,6 +8,7 @@ it. Worktree helpers for kvforge's own (hidden) worktrees live here too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -439,21 +440,30 @@ def _joined_run(cwd: Path, env: dict[str, str], raws: "list[bytes]", named: "lis
 
 
 _DIFFISH = (b"--- ", b"+++ ", b"diff ", b"@@ ", b"Index: ")
+# joinable_paths' answers by the sha256 of the patch's bytes: a rebase asks for each patch's several times (the
+# checks of both directions, their errors, the commits), and reading a long patch's lines costs milliseconds.
+_JOINABLE: dict[bytes, "frozenset[str] | None"] = {}
 
 
-def joinable_paths(raw: bytes) -> "set[str] | None":
+def joinable_paths(raw: bytes) -> "frozenset[str] | None":
     """The paths a patch file names when it can be joined with others into one `git apply` input (None: it
     cannot): every path read plainly (pathindex.named_paths), one named at least, the file ending in a newline,
     and nothing before its first `diff --git` that git apply could read as a diff. git apply reads such a
     joined file as it reads each of them alone, in turn, and of patches that name no path in common each diff
     meets only the entries of its own paths."""
+    key = hashlib.sha256(raw).digest()
+    if key in _JOINABLE:
+        return _JOINABLE[key]
     start = raw.find(b"\ndiff --git ")
     paths = named_paths(raw)
-    if start < 0 or not paths or not raw.endswith(b"\n"):
-        return None
-    if any(line.startswith(_DIFFISH) for line in raw[:start].split(b"\n")):
-        return None
-    return paths
+    found = None
+    if start >= 0 and paths and raw.endswith(b"\n") and \
+            not any(line.startswith(_DIFFISH) for line in raw[:start].split(b"\n")):
+        found = frozenset(paths)
+    if len(_JOINABLE) >= 4096:
+        _JOINABLE.clear()
+    _JOINABLE[key] = found
+    return found
 
 
 _COMMITTER = b"%s <%s>" % (gitutil.COMMITTER["GIT_COMMITTER_NAME"].encode(),
