@@ -316,15 +316,16 @@ _WILDCARD = re.compile(r"[*?\[\\]")
 def _joined_batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) \
         -> "list[list[tuple[Patch, list[str], bool]]]":
     """`items` (checks of one direction against one index) in batches whose patches name no path in common
-    (engine.joinable_paths), about `cpus` of them, in series order; a patch that cannot join, or whose checked paths
-    hold a wildcard, is a batch alone."""
+    (engine.joinable_paths), about `cpus` of them, in series order; a patch that cannot join, whose checked paths
+    hold a wildcard, or one its diffs do not name as git reads them (then alone git may find no diff to check,
+    an error, where in a batch it would check the others), is a batch alone."""
     size = -(-len(items) // max(1, min(cpus, len(items))))
     batches: list[list[tuple[Patch, list[str], bool]]] = []
     named: list[set[str]] = []
     alone: list[list[tuple[Patch, list[str], bool]]] = []
     for item in items:
         paths = joinable_paths(item[0].raw)
-        if paths is None or any(_WILDCARD.search(p) for p in item[1]):
+        if paths is None or not paths.issuperset(item[1]) or any(_WILDCARD.search(p) for p in item[1]):
             alone.append([item])
             continue
         for batch, seen in zip(batches, named):
