@@ -1,8 +1,10 @@
 """The rebase's speed-ups change no answer: every batched or file-read shortcut is compared here with the read it
 replaces (the speed itself is measured by bench/rebase_vs_git_rebase.py, never by a timed test).
 
-- upstream.Probe (one index of the base, parallel apply checks, one `git cherry` over the stack, one cat-file
-  batch) gives each patch the signals gather() gives it alone;
+- upstream.Probe (one index of the base, the apply checks in a few joined `git apply --check` runs read per
+  path, one `git cherry` over the stack, one cat-file batch) gives each patch the signals gather() gives it alone;
+- engine.am_without_worktree (a run of patches naming no path in common applied in one `git apply --cached`)
+  makes git am's commits;
 - engine.format_patches (one `git format-patch` for a stack) gives format_patch's bytes for each commit;
 - engine's worktree checks read from git's files agree with git (`worktree list`, `rev-parse --git-path`);
 - bases.import_archive (one pass over the archive) makes the commit the path-ordered inline import made;
