@@ -239,7 +239,7 @@ class Probe:
         patch files it stops at the first that fails: hence one joined file), in the input's order (reversed
         with -R, in a check alone too): a check fails alone exactly when a line of the joined run names one
         of its paths, and its last such line is the last line the check alone prints."""
-        for env, batches in groups.values():
+        for g, (env, batches) in enumerate(groups.values()):
             argv = []
             for n, batch in enumerate(batches):
                 if len(batch) == 1:
@@ -247,7 +247,7 @@ class Probe:
                     argv.append(["apply", "--cached", "--check", *(["-R"] if reverse else []),
                                  *[f"--include={p}" for p in paths], str(self._patch_file(patch))])
                     continue
-                joined = self._dir() / f"joined-{len(self._files)}-{n}-{'R' if batch[0][2] else 'F'}.patch"
+                joined = self._dir() / f"joined-{g}-{n}.patch"
                 joined.write_bytes(b"".join(patch.raw for patch, _, _ in batch))
                 argv.append(["apply", "--cached", "--check", *(["-R"] if batch[0][2] else []),
                              *[f"--include={p}" for _, paths, _ in batch for p in paths], str(joined)])
