@@ -144,17 +144,26 @@ def time_kvforge(project: Path, cache: Path, target: str, onto: str, as_name: st
     return took, data, cpu
 
 
-def count_git(project: Path, cache: Path, target: str, onto: str, env: dict[str, str], work: Path) -> int:
-    """The git processes one kvforge rebase starts: a `git` that counts, first on PATH (not timed)."""
+def count_git(project: Path, cache: Path, target: str, onto: str, env: dict[str, str], work: Path) \
+        -> tuple[int, dict[str, int]]:
+    """The git processes one kvforge rebase starts, in all and per git command (`apply`, `mailinfo`, ...): a `git`
+    that counts, first on PATH (not timed)."""
     real = shutil.which("git")
     shim = work / "shim"
     shim.mkdir(exist_ok=True)
     log = shim / "count"
     log.write_text("")
-    (shim / "git").write_text(f"#!/bin/sh\necho >> '{log}'\nexec '{real}' \"$@\"\n")
+    (shim / "git").write_text(f"#!/bin/sh\necho \"$*\" >> '{log}'\nexec '{real}' \"$@\"\n")
     (shim / "git").chmod(0o755)
     time_kvforge(project, cache, target, onto, "counted", {**env, "PATH": f"{shim}:{env.get('PATH', '')}"})
-    return len(log.read_text().splitlines())
+    lines = log.read_text().splitlines()
+    by: dict[str, int] = {}
+    for line in lines:
+        words = line.split()
+        while words and words[0].startswith("-"):  # -c name=value pairs and other options before the command
+            words = words[2:] if words[0] in ("-c", "-C") else words[1:]
+        by[words[0] if words else "?"] = by.get(words[0] if words else "?", 0) + 1
+    return len(lines), dict(sorted(by.items(), key=lambda kv: -kv[1]))
 
 
 def time_python(args: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -373,7 +382,7 @@ def main() -> int:
             fwd_dir.mkdir()
             fwd = forward_series(base_0202.repo, base_0202.commit, base_0330.commit, fwd_dir)
             cases.append(("forward", "forward", "v0.20.2rc", fwd, "0.33.0", base_0202, base_0330))
-        rows, parts_rows, cpu_rows = [], [], []
+        rows, parts_rows, cpu_rows, git_rows = [], [], [], []
         for name, slug, template, patches, onto, old, new in cases:
             project = work / f"proj-{slug}"
             target = f"bench-{slug}"
@@ -384,7 +393,8 @@ def main() -> int:
             old_head = stack.commits[-1]
             say(f"{name}: warm-up")
             time_kvforge(project, cache.root, target, onto, "warmup", env)
-            n_git = count_git(project, cache.root, target, onto, env, work)
+            n_git, git_by = count_git(project, cache.root, target, onto, env, work)
+            git_rows.append([name, n_git, ", ".join(f"{c} {n}" for c, n in git_by.items())])
             if old.repo.resolve() != new.repo.resolve():
                 raise SystemExit("both bases must be in one cache repository (sdist imports)")
             clone = user_clone(new.repo, [old_head, new.commit], work / f"clone-{slug}")
@@ -435,6 +445,9 @@ def main() -> int:
               "archive), both bases and the old stack from the cache; CLI - library = Python start-up, imports, "
               "loading the target, printing the JSON")
         print(table(["series", "base", "signals", "apply", "write", "library total", "CLI - library"], parts_rows))
+        print()
+        print("git processes one kvforge rebase starts, per git command (a counting `git` first on PATH, untimed)")
+        print(table(["series", "git processes", "per command"], git_rows))
         print()
         print(table(["fixed cost of every CLI run", "median wall (s)", "median CPU (s)"],
                     [["python -c pass", f"{statistics.median(t for t, _ in bare):.2f}",

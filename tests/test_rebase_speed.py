@@ -1,8 +1,10 @@
 """The rebase's speed-ups change no answer: every batched or file-read shortcut is compared here with the read it
 replaces (the speed itself is measured by bench/rebase_vs_git_rebase.py, never by a timed test).
 
-- upstream.Probe (one index of the base, parallel apply checks, one `git cherry` over the stack, one cat-file
-  batch) gives each patch the signals gather() gives it alone;
+- upstream.Probe (one index of the base, the apply checks in a few joined `git apply --check` runs read per
+  path, one `git cherry` over the stack, one cat-file batch) gives each patch the signals gather() gives it alone;
+- engine.am_without_worktree (a run of patches naming no path in common applied in one `git apply --cached`)
+  makes git am's commits;
 - engine.format_patches (one `git format-patch` for a stack) gives format_patch's bytes for each commit;
 - engine's worktree checks read from git's files agree with git (`worktree list`, `rev-parse --git-path`);
 - bases.import_archive (one pass over the archive) makes the commit the path-ordered inline import made;
@@ -29,6 +31,7 @@ from kvforge.flow.rebase.commit import equal_pairs, same_change
 from kvforge.flow.rebase.steps import rerere_enabled
 from kvforge.project.series import parse_patch
 from kvforge.project.targets import Component, Release
+from kvforge.flow import upstream
 from kvforge.flow.upstream import NewBase, Probe, gather
 
 CLAMP = {CORE: ("return max(lo, x)", "return min(max(lo, x), hi)")}
@@ -361,6 +364,60 @@ def test_commits_made_without_a_worktree_are_git_ams(fake, tmp_path):
     assert engine.am_without_worktree(up / ".git", "0" * 40, patches) == []  # a head git cannot read: nothing
 
 
+def test_a_joined_check_is_read_only_when_every_error_names_one_patchs_path(fake):
+    """upstream._attribute: a joined `git apply --check` that passes answers every check (passed); one that fails
+    answers each check from the errors naming its paths (the last one its detail), and none when a line names no
+    path of the batch (a corrupt patch, a warning) or git said nothing: those checks are then asked alone."""
+    patches, _ = _stack(fake, [(f"a{k}", {f"vllm_like/a{k}.py": ("", f"A{k} = {k}\n")}, "") for k in range(3)])
+    batch = [(p, [f"vllm_like/a{k}.py"], True) for k, p in enumerate(patches)]
+    res = gitutil.Result
+    assert upstream._attribute(batch, res(0, "", "warning: anything\n")) == [(True, "")] * 3
+    failed = res(1, "", "error: patch failed: vllm_like/a2.py:1\nerror: vllm_like/a2.py: patch does not apply\n"
+                        "error: vllm_like/a0.py: does not exist in index\n")
+    assert upstream._attribute(batch, failed) == [(False, "vllm_like/a0.py: does not exist in index"), (True, ""),
+                                                  (False, "vllm_like/a2.py: patch does not apply")]
+    for stderr in ("error: corrupt patch at line 12\n", "error: vllm_like/other.py: patch does not apply\n",
+                   "error: vllm_like/a0.py: patch does not apply\nwarning: 1 line adds whitespace errors.\n", ""):
+        assert upstream._attribute(batch, res(1, "", stderr)) is None
+
+
+def test_patches_naming_no_path_in_common_are_applied_in_one_run(fake, tmp_path, monkeypatch):
+    """am_without_worktree applies the leading patches that name no path in common in one `git apply --cached` (a
+    file of them joined) and makes the commits `git am` makes of them one by one; the patches after them (here one
+    that changes a path an earlier one made) are applied alone, on top; a joined run that fails (a patch that does
+    not apply) leaves each to be applied alone, and the commits before that patch are made."""
+    up = fake.upstream
+    patches = [_patch_file(up, fake.base, {f"vllm_like/j{k}.py": ("", f"J{k} = {k}\n")}, f"j{k}\n\nbody {k}\n",
+                           "A B <ab@example.com>", tmp_path / f"j{k}.patch") for k in range(5)]
+    patches.append(_patch_file(up, fake.base, {CORE: ("def double(x):", "# edited\n\n\ndef double(x):")},
+                               "core\n", "C D <cd@example.com>", tmp_path / "core.patch"))
+    patches.append(_patch_file(up, fake.base, CLAMP, "clamp\n", "C D <cd@example.com>", tmp_path / "clamp.patch"))
+    calls = _count_git(monkeypatch)
+    made = engine.am_without_worktree(up / ".git", fake.base, patches)
+    applies = [a for a in calls if a[0] == "apply"]
+    assert len(applies) == 2 and "joined" in applies[0][-1]  # 6 joined (core too), clamp alone
+    wt = tmp_path / "wt"
+    git(up, "worktree", "add", "-q", "--detach", str(wt), fake.base)
+    git(wt, *engine.AM_OPTS, *map(str, patches), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{fake.base}..HEAD").split() == made and len(made) == 7
+    # A run after patches that share a path (core, then clamp: both change CORE) is joined too, on top of them.
+    reordered = [patches[5], patches[6], *patches[:5]]
+    calls.clear()
+    made3 = engine.am_without_worktree(up / ".git", fake.base, reordered)
+    applies = [a for a in calls if a[0] == "apply"]
+    assert len(applies) == 2 and "joined" not in applies[0][-1] and "joined" in applies[1][-1]
+    git(wt, "checkout", "-q", "--detach", fake.base)
+    git(wt, *engine.AM_OPTS, *map(str, reordered), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{fake.base}..HEAD").split() == made3 and len(made3) == 7
+    # Upstream changed the line the core patch changes: the joined run fails; the four before it are made.
+    shifted = _commit_on(up, fake.base, {CORE: ("def double(x):", "def double(y):")}, "upstream edits double")
+    made2 = engine.am_without_worktree(up / ".git", shifted, patches[:5] + patches[5:6])
+    assert len(made2) == 5
+    git(wt, "checkout", "-q", "--detach", shifted)
+    git(wt, *engine.AM_OPTS, *map(str, patches[:5]), env=gitutil.COMMITTER)
+    assert git(wt, "rev-list", "--reverse", f"{shifted}..HEAD").split() == made2
+
+
 def test_equal_pairs_is_what_git_range_diff_prints(fake, tmp_path):
     """rebase.commit.equal_pairs writes git range-diff's "=" lines (numbers padded, abbreviations, subjects) for a
     series moved to a base where its lines shifted; same_change tells a moved patch from an edited one."""
@@ -474,11 +531,17 @@ def test_batched_apply_checks_answer_as_each_check_alone(fake, monkeypatch):
         return run_many(cwd, calls, **kw)
 
     monkeypatch.setattr(gitutil, "run_many", counting)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one joined run per direction where the paths allow
     with Probe(nb, patches, commits) as probe:
         assert [gather(nb, p, c, probe=probe) for p, c in zip(patches, commits)] == alone
-    # A series the base lacks entirely: one reverse check per patch and one batch of forward checks, that passes.
+    # Passes and failures of both directions were read from the joined runs' errors: no check was asked alone
+    # but f0-again's (f0.py is named by f0 too, so it is in neither joined run): 2 joined runs and 2 alone.
+    checks = [c for calls in runs for c in calls if c[0] == "apply"]
+    assert len(checks) == 4, checks
+    # A series the base lacks entirely: one joined run of its reverse checks (all fail), one of its forward ones.
     runs.clear()
     with Probe(nb, patches[4:8], commits[4:8]) as probe:
         assert [gather(nb, p, c, probe=probe) for p, c in zip(patches[4:8], commits[4:8])] == alone[4:8]
     checks = [c for calls in runs for c in calls if c[0] == "apply"]
-    assert sorted(sum(a.endswith(".patch") for a in c) for c in checks) == [1, 1, 1, 1, 4]
+    assert sorted("-R" in c for c in checks) == [False, True]
+    assert all(sum(a.startswith("--include=") for a in c) == 4 for c in checks)

@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import os
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -175,6 +172,10 @@ def parse_releases(package: str, url: str, meta: object) -> Releases:
 
 def _read_json(url: str, missing_ok: bool) -> object | None:
     """The JSON document at `url` (None: 404 and `missing_ok`); every failure one line, exit 6."""
+    import http.client  # the network modules load only when the index is read (see _receive)
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=INDEX_TIMEOUT) as resp:
             return json.load(resp)
@@ -267,6 +268,11 @@ def download_pinned(url: str, dest: Path, size: int, want: str | None, say: Prog
 
 def _receive(url: str, out: BinaryIO, size: int, say: Progress, downloads: Path) -> tuple[int, str]:
     """Copy `url` into `out`: network failures are EXIT_NETWORK, a refused write is the cache's (EXIT_ENV)."""
+    # http.client and urllib.request (~30 ms to import) load here and in _read_json, where a request is made:
+    # a command that finds everything in the cache (a rebase onto a cached release) never pays for them.
+    import http.client
+    import urllib.request
+
     h = hashlib.sha256()
     got = 0
     last = time.monotonic()

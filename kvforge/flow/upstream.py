@@ -41,7 +41,8 @@ from packaging.version import InvalidVersion, Version
 
 from kvforge.git import gitutil
 from kvforge.git.bases import Base
-from kvforge.git.pathindex import PathIndex, named_paths
+from kvforge.git.engine import joinable_paths
+from kvforge.git.pathindex import PathIndex
 from kvforge.project.series import Patch
 
 NAMES = ("reverse-apply", "patch-id", "upstream-commit", "drop-when", "checks")
@@ -111,15 +112,13 @@ class Probe:
     """One new base's reads, shared by the signals of every patch of a series (a rebase plans them all
     against one base): the base's entries for the paths the series names are read once (pathindex.PathIndex;
     the whole index, `git read-tree`, for a patch it cannot answer for) instead of once per check; the
-    reverse-apply checks of all the series' patches run as parallel processes, and beside them their forward
-    checks in a few batches (one `git apply --check` of several patch files that name no path in common, see
-    _run_batches), then alone the forward checks no batch answered of the patches whose reverse check
-    failed; the series'
-    patch-ids come from one `git cherry` over the whole stack, and which commits the repository holds from one
-    `git cat-file --batch-check`. Invariant: every answer is the one the same read made alone gives (a check
-    against the same index, the same git command; of a check that passes only the pass is kept, its detail
-    is ""); what a batch cannot answer exactly is asked alone. Writes only its temporary directory, removed
-    by close()."""
+    reverse-apply checks and the forward checks of all the series' patches run at once in a few joined runs (one
+    `git apply --check` of the patch files, joined, of several patches that name no path in common: see
+    _run_joined), then alone the checks no joined run answered; the series' patch-ids come from one `git cherry`
+    over the whole stack, and which commits the repository holds from one `git cat-file --batch-check`.
+    Invariant: every answer is the one the same read made alone gives (a check against the same index, the same
+    git command; of a check that passes only the pass is kept, its detail is ""); what a batch cannot answer
+    exactly is asked alone. Writes only its temporary directory, removed by close()."""
 
     def __init__(self, nb: NewBase, patches: "Sequence[Patch]" = (), commits: "Sequence[str | None]" = ()):
         self.nb = nb
@@ -202,10 +201,10 @@ class Probe:
                 self._checks[_key(patch, paths, reverse)] = (res.returncode == 0, last)
 
     def _prefetch(self) -> None:
-        """Every reverse check of the series alone and, at the same time, every forward check in batches; then
-        alone the forward checks no batch answered of the patches whose reverse check failed. A series that
-        carries its patches (every reverse check fails, every forward one passes) costs one process per patch
-        and a few batches, in one wave."""
+        """Every check of the series, reverse and forward, in a few joined runs (see _run_joined) at once; then
+        alone the reverse checks no joined run answered, and the forward checks no joined run answered of the
+        patches whose reverse check failed. A series whose patches name no path in common costs about two
+        processes per CPU, in one wave, whatever its length."""
         if self._prefetched:
             return
         self._prefetched = True
@@ -213,40 +212,55 @@ class Probe:
         if not todo:
             return
         groups: dict[str, tuple[dict[str, str], list[list[tuple[Patch, list[str], bool]]]]] = {}
-        for p, code in todo:
-            env = self._env(p)
-            groups.setdefault(env["GIT_INDEX_FILE"], (env, []))[1].append([(p, code, True)])
-        forward: dict[str, list[tuple[Patch, list[str], bool]]] = {}
-        for p, code in todo:
-            forward.setdefault(self._env(p)["GIT_INDEX_FILE"], []).append((p, code, False))
-        for index, items in forward.items():
-            groups[index][1].extend(_batches(items, os.cpu_count() or 1))
-        self._run_batches(groups)
+        for reverse in (True, False):
+            by_index: dict[str, tuple[dict[str, str], list[tuple[Patch, list[str], bool]]]] = {}
+            for p, code in todo:
+                env = self._env(p)
+                by_index.setdefault(env["GIT_INDEX_FILE"], (env, []))[1].append((p, code, reverse))
+            for index, (env, items) in by_index.items():
+                groups.setdefault(index, (env, []))[1].extend(_joined_batches(items, os.cpu_count() or 1))
+        self._run_joined(groups)
+        self._run_checks([(p, code, True) for p, code in todo if _key(p, code, True) not in self._checks])
         self._run_checks([(p, code, False) for p, code in todo
                           if not self._checks[_key(p, code, True)][0] and _key(p, code, False) not in self._checks])
 
-    def _run_batches(self, groups: "dict[str, tuple[dict[str, str], list[list[tuple[Patch, list[str], bool]]]]]") \
+    def _run_joined(self, groups: "dict[str, tuple[dict[str, str], list[list[tuple[Patch, list[str], bool]]]]]") \
             -> None:
         """Every batch of checks in `groups` (index file -> (its env, batches of checks against it)), all at
-        once: a batch of one is the check alone (its answer kept); a batch of several that passes answers each
-        of its checks (passed); one that fails answers none.
+        once: a batch of one is the check alone (its answer kept); a batch of several is one `git apply --cached
+        --check [-R]` of the patch files joined into one file, with every check's --include, whose errors say
+        which checks fail (_attribute): each check gets the answer it gets alone, or none when the run's output
+        cannot be read so exactly (then it is asked alone).
 
-        Exact because git apply checks each patch file of a run against the index as it is (--check writes
-        nothing) and fails the run when one does not apply, and the files of a batch name no path in common
-        (so another file's --include cannot change what is checked of a patch: only plain paths, no
-        wildcards, go into a batch, see _batches)."""
-        for env, batches in groups.values():
-            argv = [["apply", "--cached", "--check", *(["-R"] if batch[0][2] else []),
-                     *[f"--include={p}" for _, paths, _ in batch for p in paths],
-                     *[str(self._patch_file(patch)) for patch, _, _ in batch]] for batch in batches]
+        Exact because the patches of a batch name no path in common (both sides of every diff, and only plain
+        paths: see _joined_batches), so another patch's diffs and --include change nothing of what is checked
+        of a patch; git apply checks every diff of its input against the index as it is (--check writes
+        nothing), reporting each failure with the path it is about and going on to the next diff (of separate
+        patch files it stops at the first that fails: hence one joined file), in the input's order (reversed
+        with -R, in a check alone too): a check fails alone exactly when a line of the joined run names one
+        of its paths, and its last such line is the last line the check alone prints."""
+        for g, (env, batches) in enumerate(groups.values()):
+            argv = []
+            for n, batch in enumerate(batches):
+                if len(batch) == 1:
+                    patch, paths, reverse = batch[0]
+                    argv.append(["apply", "--cached", "--check", *(["-R"] if reverse else []),
+                                 *[f"--include={p}" for p in paths], str(self._patch_file(patch))])
+                    continue
+                joined = self._dir() / f"joined-{g}-{n}.patch"
+                joined.write_bytes(b"".join(patch.raw for patch, _, _ in batch))
+                argv.append(["apply", "--cached", "--check", *(["-R"] if batch[0][2] else []),
+                             *[f"--include={p}" for _, paths, _ in batch for p in paths], str(joined)])
             for batch, res in zip(batches, gitutil.run_many(self.nb.repo.parent, argv, env=env)):
                 if len(batch) == 1:
                     patch, paths, reverse = batch[0]
                     last = (res.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
                     self._checks[_key(patch, paths, reverse)] = (res.returncode == 0, last)
-                elif res.returncode == 0:
-                    for patch, paths, reverse in batch:
-                        self._checks[_key(patch, paths, reverse)] = (True, "")
+                    continue
+                answers = _attribute(batch, res)
+                if answers is not None:
+                    for (patch, paths, reverse), answer in zip(batch, answers):
+                        self._checks[_key(patch, paths, reverse)] = answer
 
     # ------------------------------------------------------------ commits
 
@@ -299,19 +313,19 @@ def _key(patch: "Patch", paths: list[str], reverse: bool) -> tuple[str, bool]:
 _WILDCARD = re.compile(r"[*?\[\\]")
 
 
-def _batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) -> "list[list[tuple[Patch, list[str], bool]]]":
-    """`items` (checks of one direction against one index) in batches whose patches name no path in common (both
-    sides of every diff, pathindex.named_paths): about `cpus` batches of at least 4 patches each, in series
-    order; a patch whose paths cannot be read plainly, or whose checked paths hold a wildcard, is a batch alone,
-    and so is each patch of a batch of fewer than 3 (such a batch saves at most one process when it passes and
-    costs one when it fails)."""
-    size = -(-len(items) // max(1, min(cpus, len(items) // 4)))
+def _joined_batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) \
+        -> "list[list[tuple[Patch, list[str], bool]]]":
+    """`items` (checks of one direction against one index) in batches whose patches name no path in common
+    (engine.joinable_paths), about `cpus` of them, in series order; a patch that cannot join, whose checked paths
+    hold a wildcard, or one its diffs do not name as git reads them (then alone git may find no diff to check,
+    an error, where in a batch it would check the others), is a batch alone."""
+    size = -(-len(items) // max(1, min(cpus, len(items))))
     batches: list[list[tuple[Patch, list[str], bool]]] = []
-    alone: list[list[tuple[Patch, list[str], bool]]] = []
     named: list[set[str]] = []
+    alone: list[list[tuple[Patch, list[str], bool]]] = []
     for item in items:
-        paths = named_paths(item[0].raw)
-        if paths is None or any(_WILDCARD.search(p) for p in item[1]):
+        paths = joinable_paths(item[0].raw)
+        if paths is None or not paths.issuperset(item[1]) or any(_WILDCARD.search(p) for p in item[1]):
             alone.append([item])
             continue
         for batch, seen in zip(batches, named):
@@ -322,7 +336,32 @@ def _batches(items: "list[tuple[Patch, list[str], bool]]", cpus: int) -> "list[l
         else:
             batches.append([item])
             named.append(set(paths))
-    return [b for b in batches if len(b) >= 3] + [[i] for b in batches if len(b) < 3 for i in b] + alone
+    return batches + alone
+
+
+_PATCH_FAILED = re.compile(r"^error: patch failed: (.+):\d+$")
+
+
+def _attribute(batch: "list[tuple[Patch, list[str], bool]]", res: gitutil.Result) -> "list[tuple[bool, str]] | None":
+    """Each check's answer, (passed, its last error line), from the joined run `res` of `batch` (see
+    Probe._run_joined); None when a line of git's errors is not one about a path of exactly one patch of the
+    batch (or it failed without saying why)."""
+    if res.returncode == 0:
+        return [(True, "")] * len(batch)
+    owner: dict[str, int] = {}
+    for k, (patch, _, _) in enumerate(batch):
+        for path in joinable_paths(patch.raw) or ():
+            owner[path] = k
+    failed: dict[int, str] = {}
+    for line in res.stderr.strip().splitlines():
+        m = _PATCH_FAILED.match(line)
+        named = [m.group(1)] if m else [p for p in owner if line.startswith(f"error: {p}: ")]
+        if len(named) != 1 or named[0] not in owner:
+            return None
+        failed[owner[named[0]]] = line.removeprefix("error: ")
+    if not failed:
+        return None
+    return [(k not in failed, failed.get(k, "")) for k in range(len(batch))]
 
 
 def is_test_path(path: str) -> bool:

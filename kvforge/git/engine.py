@@ -8,6 +8,7 @@ it. Worktree helpers for kvforge's own (hidden) worktrees live here too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from kvforge.git import gitutil
 from kvforge.core.errors import EXIT_APPLY, EXIT_ENV, KvforgeError
-from kvforge.git.pathindex import PathIndex
+from kvforge.git.pathindex import PathIndex, named_paths
 from kvforge.project.series import Patch
 
 AM_OPTS = ("am", "-3", "--keep-non-patch", "--committer-date-is-author-date", "--no-gpg-sign")
@@ -313,8 +314,10 @@ def am_ahead(repo: Path, head: str, raws: "list[bytes]") -> None:
 def am_without_worktree(repo: Path, head: str, patches: "list[Path]") -> list[str]:
     """The commits `git am` (AM_OPTS) makes of `patches` on `head`, made without a worktree, for the leading
     patches that apply as they are: `git mailinfo -b` reads author, date and message as am does (subject, a
-    blank line, the body, then git's stripspace), `git apply --cached` applies each patch to a temporary index
-    holding only the paths the patches name (pathindex.PathIndex), and one `git fast-import` writes the commits
+    blank line, the body, then git's stripspace; a few run ahead at once), `git apply --cached` applies each patch
+    to a temporary index holding only the paths the patches name (pathindex.PathIndex; each run of consecutive
+    patches that name no path in common in one `git apply --cached` of them joined, _joined_run, which gives the
+    entries applying them one by one gives), and one `git fast-import` writes the commits
     from the entries that changed (kvforge's committer, its date the author's: --committer-date-is-author-date;
     author and dates parsed by git as am parses them). Same bytes in, the same commit ids as `git am`.
 
@@ -336,6 +339,7 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
     made: list[bytes] = []  # fast-import commands, one commit each
     # fast-import's ref for these commits: this thread's alone; the stream's last `reset` deletes it.
     ref = b"refs/kvforge/am-%d-%d" % (os.getpid(), threading.get_ident())
+    width = 2 * (os.cpu_count() or 1)  # mailinfo runs ahead, this many at a time
     with tempfile.TemporaryDirectory(prefix="kvforge-am-") as tmp:
         try:
             index = PathIndex(repo, head, raws, Path(tmp) / "index")
@@ -344,25 +348,37 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
         env, cwd = index.env, Path(tmp)
         state = index.entries()
         n = next((k for k, ok in enumerate(index.usable) if not ok), len(raws))  # the patches it answers for
-        with ThreadPoolExecutor(1, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last one
+        segments = _segments(raws[:n])  # start -> the paths of each patch of a run naming no path in common
+        joined: dict[int, dict[bytes, tuple[int, str] | None]] = {}  # patch k -> its paths' entries after it
+        with ThreadPoolExecutor(width, thread_name_prefix="kvforge-mailinfo") as pool:  # waits for its last ones
             def mailinfo(k: int) -> "Future[gitutil.Result]":
-                """Patch k's mailinfo, started now (while patch k-1 applies)."""
+                """Patch k's mailinfo, started now (while earlier patches are read)."""
                 args = ("mailinfo", "-b", str(cwd / f"msg{k}"), str(cwd / f"patch{k}"))
                 return pool.submit(lambda: gitutil.run(cwd, *args, stdin=raws[k], env=env, check=False))
 
-            started = [mailinfo(0)] if n else []
+            started = [mailinfo(k) for k in range(min(n, width))]  # at most `width` mailinfos past a stop
             for k, raw in enumerate(raws[:n]):
-                if k + 1 < n:
-                    started.append(mailinfo(k + 1))  # at most one mailinfo past a stop: no waste
+                if k + width < n:
+                    started.append(mailinfo(k + width))
                 info = started[k].result()
                 msg_file, diff_file = cwd / f"msg{k}", cwd / f"patch{k}"
                 fields = dict(line.partition(": ")[::2] for line in info.stdout.splitlines())
                 when = fields.get("Date", "").encode()
                 if info.returncode != 0 or not fields.get("Author") or not when or not diff_file.stat().st_size:
                     break
-                if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
-                    break  # (the bytes read once: what mailinfo read is what is applied)
-                new = index.entries()
+                if k in segments:  # the run starting here, applied at once (on the index as the patches before left it)
+                    joined = _joined_run(cwd, env, raws[k:k + len(segments[k])], segments[k], index, k)
+                if k in joined:
+                    new = {**state}
+                    for path, entry in joined[k].items():
+                        if entry is None:
+                            new.pop(path, None)
+                        else:
+                            new[path] = entry
+                else:
+                    if gitutil.run(cwd, "apply", "--cached", stdin=raw, env=env, check=False).returncode != 0:
+                        break  # (the bytes read once: what mailinfo read is what is applied)
+                    new = index.entries()
                 author = _author(cwd, fields, env)
                 if new == state or author is None:
                     break
@@ -382,6 +398,72 @@ def _am_without_worktree(repo: Path, head: str, raws: "list[bytes]") -> list[str
         res = gitutil.run(cwd, "-c", "fastimport.unpackLimit=1000", "fast-import", "--quiet", "--force",
                           "--date-format=rfc2822", stdin=stream, env=env, binary=True, check=False)
     return res.stdout.decode().split() if res.returncode == 0 else []
+
+
+def _segments(raws: "list[bytes]") -> "dict[int, list[set[bytes]]]":
+    """The runs of consecutive patches that name no path in common (joinable_paths), two patches or more:
+    the index of each run's first patch -> the paths of each of its patches (as the index names them)."""
+    out: dict[int, list[set[bytes]]] = {}
+    start, run, seen = 0, [], set()  # type: int, list[set[bytes]], set[bytes]
+    for k, raw in enumerate([*raws, None]):
+        paths = joinable_paths(raw) if raw is not None else None
+        got = {p.encode("utf-8", "surrogateescape") for p in paths} if paths is not None else None
+        if got is not None and not got & seen:
+            run.append(got)
+            seen |= got
+            continue
+        if len(run) >= 2:
+            out[start] = run
+        start, run, seen = (k, [got], set(got)) if got is not None else (k + 1, [], set())
+    return out
+
+
+def _joined_run(cwd: Path, env: dict[str, str], raws: "list[bytes]", named: "list[set[bytes]]", index: PathIndex,
+                first: int) -> "dict[int, dict[bytes, tuple[int, str] | None]]":
+    """What `git apply --cached` of each of `raws` in turn (patches that name no path in common: `named`, see
+    _segments) does to the index: patch first+k -> its paths' entries after it (None: removed), from one `git
+    apply --cached` of them all, joined into one file, which leaves the index as the last of them leaves it (the
+    caller goes on from there, or stops at one of them). Empty when that run fails (then each is applied alone,
+    in turn, as before), the index as it was.
+
+    Exact because git apply --cached changes only the entries of the paths a patch names, and of patches that
+    name no path in common each finds the entries of its paths as the patches before the run left them; the
+    joined run applies every diff or none (it writes the index only when all apply)."""
+    joined = cwd / f"joined-{first}.patch"
+    joined.write_bytes(b"".join(raws))
+    saved = index.index.read_bytes()
+    if gitutil.run(cwd, "apply", "--cached", str(joined), env=env, check=False).returncode != 0:
+        index.index.write_bytes(saved)
+        return {}
+    after = index.entries()
+    return {first + k: {p: after.get(p) for p in paths} for k, paths in enumerate(named)}
+
+
+_DIFFISH = (b"--- ", b"+++ ", b"diff ", b"@@ ", b"Index: ")
+# joinable_paths' answers by the sha256 of the patch's bytes: a rebase asks for each patch's several times (the
+# checks of both directions, their errors, the commits), and reading a long patch's lines costs milliseconds.
+_JOINABLE: dict[bytes, "frozenset[str] | None"] = {}
+
+
+def joinable_paths(raw: bytes) -> "frozenset[str] | None":
+    """The paths a patch file names when it can be joined with others into one `git apply` input (None: it
+    cannot): every path read plainly (pathindex.named_paths), one named at least, the file ending in a newline,
+    and nothing before its first `diff --git` that git apply could read as a diff. git apply reads such a
+    joined file as it reads each of them alone, in turn, and of patches that name no path in common each diff
+    meets only the entries of its own paths."""
+    key = hashlib.sha256(raw).digest()
+    if key in _JOINABLE:
+        return _JOINABLE[key]
+    start = raw.find(b"\ndiff --git ")
+    paths = named_paths(raw)
+    found = None
+    if start >= 0 and paths and raw.endswith(b"\n") and \
+            not any(line.startswith(_DIFFISH) for line in raw[:start].split(b"\n")):
+        found = frozenset(paths)
+    if len(_JOINABLE) >= 4096:
+        _JOINABLE.clear()
+    _JOINABLE[key] = found
+    return found
 
 
 _COMMITTER = b"%s <%s>" % (gitutil.COMMITTER["GIT_COMMITTER_NAME"].encode(),

@@ -18,10 +18,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
-
 from kvforge import DATA
 from kvforge.core.errors import EXIT_ENV, EXIT_USAGE, KvforgeError
 from kvforge.core.outcome import Done
@@ -369,6 +365,12 @@ def _test_requirements(value, where: str, fail) -> tuple[str, ...]:
     """`[components.tests] requirements`: PEP 508 requirement strings, each project named once."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise fail(f"{where} must be a list of PEP 508 requirements (e.g. \"scipy\", \"pandas>=2\")")
+    if not value:
+        return ()
+    # packaging's requirement parser (~25 ms to import) loads where requirements are parsed, not with every target.
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     names = []
     for line in value:
         try:
@@ -404,6 +406,8 @@ class WheelPin:
     @property
     def arch(self) -> str | None:
         """x86_64 / aarch64 for a manylinux or linux wheel; None for a pure-Python or other wheel."""
+        from packaging.utils import parse_wheel_filename  # (with packaging.tags) where a wheel name is read
+
         _n, _v, _b, tags = parse_wheel_filename(self.filename)
         for arch in ARCHES:
             if any(t.platform.endswith("_" + arch) for t in tags):
@@ -431,6 +435,9 @@ def parse_wheel_pins(c: dict, where: str, release: Release, fail) -> tuple[Wheel
 
 def parse_wheel_pin(value, where: str, release: Release, fail) -> WheelPin:
     """{filename, sha256}: a wheel of exactly the release's package and version."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import Version
+
     if not isinstance(value, dict):
         raise fail(f"{where} must be a table")
     for key in value:
