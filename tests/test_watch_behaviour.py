@@ -216,6 +216,33 @@ def test_under_is_the_last_carried_commit_before_each_patch():
     assert _under(Result()) == [(None, 0), ("c1", 1), ("c1", 1), ("c1", 1), ("c4", 2)]  # type: ignore[arg-type]
 
 
+def test_pytest_that_cannot_start_on_a_release_is_each_rows_cannot_tell(fake):
+    """The release's tests/conftest.py does not import in the environment (vllm-ascend's on a vLLM it was not
+    made for): pytest exits 4 before any test. Batched or alone, each row says "cannot tell" with the reason,
+    cached (the same tree and environment fail again), and no exception ends the release's check."""
+    ctx = _ctx(fake)
+    high = _patch(fake, fake.base)
+    low_test = "tests/test_clamp_low.py"
+    (fake.root / "variants" / "nostart").mkdir(parents=True, exist_ok=True)
+    path, _ = make_patch(fake.upstream, fake.base, {**FIX, low_test: ("", "def test_low():\n    assert True\n")},
+                         "[Core] clamp the low end", "clamp-low", fake.root / "variants" / "nostart" / "0002-low.patch",
+                         kind="fix", extra=f"Checks: {low_test}::test_low\n")
+    low = parse_patch(path)
+    git(fake.upstream, "checkout", "-q", "--detach", fake.base)
+    (fake.upstream / "tests" / "conftest.py").write_text("import vllm_like.not_in_this_release\n")
+    git(fake.upstream, "add", "tests/conftest.py")
+    git(fake.upstream, "commit", "-qm", "a conftest this environment cannot import")
+    broken = _nb(fake, git(fake.upstream, "rev-parse", "HEAD").strip())
+    assert behaviour.prefetch(ctx, broken, [high, low], Budget(None)) == 1
+    for p in (high, low):
+        v = behaviour.without_fix(ctx, broken, p, Budget(0))
+        assert v.state == behaviour.UNSURE and v.cached, v.detail
+        assert v.detail.startswith("cannot tell: pytest could not run on the release (exit 4, usage error): ")
+        assert "not_in_this_release" in v.detail and str(fake.cache) not in v.detail, v.detail
+    alone = behaviour.run_without_fix(ctx, broken, high)
+    assert alone.error and alone.error.startswith("pytest could not run on the release") and behaviour.kept(alone)
+
+
 def test_the_checks_budget_is_a_count(monkeypatch):
     monkeypatch.delenv("KVFORGE_WATCH_CHECKS", raising=False)
     assert checks_budget(None) is None and checks_budget(3) == 3

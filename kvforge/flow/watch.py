@@ -521,6 +521,9 @@ def _check(cache: Cache, t: Target, c: Component, r: IndexRelease, rep: ReleaseR
         _decide(ctx, r, chk, budget or behaviour.Budget(None), _under(result))
     except KvforgeError as exc:
         chk.error, chk.exit = str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code
+        for p in chk.patches:  # every row has a decision, whatever stopped the others
+            if not p.decision:
+                p.decision, p.why = "needs a person", f"not decided: {chk.error}"
     pinned = sorted({w.arch for w in c.wheels if w.arch})
     if rep.wheels_error is None:
         chk.missing_wheels = [a for a in pinned if a not in rep.wheels]

@@ -16,7 +16,7 @@ variant of the fix ported onto it (is the port proven?), in that base's CPU envi
 Writes only the cache (<cache>/results/watch/) and temporary trees under <cache>/trees/.work.
 """
 
-from kvforge.flow.behaviour.checks import (BUDGET, NEEDED, UNSURE, UPSTREAM, Budget, Run, Verdict, batches,
+from kvforge.flow.behaviour.checks import (BUDGET, NEEDED, UNSURE, UPSTREAM, Budget, Run, Verdict, batches, kept,
                                            cached_run, checks_signal, env_fingerprint, failure_kind, judge_checks,
                                            prefetch, result_key, run_without_fix, without_fix)
 from kvforge.flow.behaviour.history import by_history
@@ -24,4 +24,4 @@ from kvforge.flow.behaviour.port import Port, Variant, copy_preimages, port
 
 __all__ = ["BUDGET", "NEEDED", "UNSURE", "UPSTREAM", "Budget", "Port", "Run", "Variant", "Verdict", "batches",
            "by_history", "cached_run", "checks_signal", "copy_preimages", "env_fingerprint", "failure_kind",
-           "judge_checks", "port", "prefetch", "result_key", "run_without_fix", "without_fix"]
+           "judge_checks", "kept", "port", "prefetch", "result_key", "run_without_fix", "without_fix"]

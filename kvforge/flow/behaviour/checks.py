@@ -158,6 +158,27 @@ def remove_tree(tree: Path) -> None:
             leftover.unlink()
 
 
+NO_PYTEST = "pytest could not run on the release"  # a Run's error that is kept: the same tree and env fail again
+
+
+def _without(env: Env, tree: Path, nodes: list[str], commit: str, keep: Path | None) -> Run:
+    """pytest_run of the Checks without the fix; pytest that cannot start there (a conftest that does not import
+    in this environment, a timeout) is the Run's error, not an exception: it is one row's "cannot tell"."""
+    try:
+        return pytest_run(env, tree, nodes, "new base without the fix", commit, keep)
+    except KvforgeError as exc:
+        text = str(exc).replace(f"{tree}/", "").split("; log: ")[0]
+        if text.startswith(f"pytest could not run in {tree} "):
+            return Run(env=env.key, error=f"{NO_PYTEST} {text.removeprefix(f'pytest could not run in {tree} ')}")
+        return Run(env=env.key, error=text)
+
+
+def kept(run: Run) -> bool:
+    """Whether a run's result is cached: it ran, or pytest cannot start in that tree and environment (the same
+    again next time); not a missing environment or a timeout (the next run tries again)."""
+    return run.error is None or run.error.startswith(NO_PYTEST)
+
+
 def run_without_fix(ctx_like, nb: NewBase, patch: Patch, keep: Path | None = None) -> Run:
     """The patch's Checks on nb with only its test files added (a test file that does not apply: that node
     cannot run), in nb's environment (built on first use)."""
@@ -170,7 +191,7 @@ def run_without_fix(ctx_like, nb: NewBase, patch: Patch, keep: Path | None = Non
         gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
         refused = _add_test_files(patch, tree)
         nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
-        run = pytest_run(env, tree, nodes, "new base without the fix", nb.commit, keep) if nodes else Run(env=env.key)
+        run = _without(env, tree, nodes, nb.commit, keep) if nodes else Run(env=env.key)
         for c in patch.checks:
             if c not in nodes:
                 run.outcomes[c] = ("error", "collection error: its test file does not apply to the new base")
@@ -290,7 +311,7 @@ def cached_run(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Run | Non
     if not budget.take():
         return None
     run = run_without_fix(ctx_like, nb, patch, keep=path.with_suffix(""))
-    if run.error is None:  # a missing environment is not kept: the next run tries again
+    if kept(run):
         _save(path, run)
     return run
 
@@ -342,13 +363,15 @@ def prefetch(ctx_like, nb: NewBase, patches: list[Patch], budget: Budget) -> int
             gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
             refused = {p.sha256: _add_test_files(p, tree) for p in group}
             nodes = [c for p in group for c in p.checks if c.split("::", 1)[0] not in refused[p.sha256]]
-            run = pytest_run(env, tree, list(dict.fromkeys(nodes)), "new base without the fix", nb.commit,
-                          keys[0].with_suffix("")) if nodes else Run(env=env.key)
+            run = _without(env, tree, list(dict.fromkeys(nodes)), nb.commit, keys[0].with_suffix("")) \
+                if nodes else Run(env=env.key)
         finally:
             remove_tree(tree)
+        if not kept(run):
+            continue  # a timeout: each patch's own run tries again
         for p, path in zip(group, keys):
-            mine = Run(env=run.env, log=run.log, junit=run.junit)
-            for c in p.checks:
+            mine = Run(env=run.env, log=run.log, junit=run.junit, error=run.error)
+            for c in p.checks if run.error is None else ():
                 mine.outcomes[c] = run.outcomes[c] if c.split("::", 1)[0] not in refused[p.sha256] and \
                     c in run.outcomes else ("error", "collection error: its test file does not apply to the new base")
                 if c in run.lines:
@@ -366,7 +389,7 @@ def without_fix(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Verdict:
     if run is None:
         return Verdict(BUDGET, f"{BUDGET} (--checks)")
     if run.error:
-        return Verdict(UNSURE, f"cannot tell: {run.error}")
+        return Verdict(UNSURE, f"cannot tell: {run.error}", run.log, run.cached)
     bug = patch.bug_checks
     kinds = {n: (o, failure_kind(o, m), m) for n, (o, m) in run.outcomes.items() if n in bug}
     total = len(kinds)

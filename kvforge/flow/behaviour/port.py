@@ -139,7 +139,11 @@ def _try(ctx_like, nb: NewBase, old_commit: str | None, v: Variant, keep: Path, 
         except KvforgeError as exc:
             return Port("needs a person", f"{v.target}'s variant applies ({how}) but there is no test "
                                           f"environment for the release: {exc}", v.target, final=False)
-        run = pytest_run(env, tree, list(v.patch.checks), "release with the ported fix", commit or nb.commit, keep)
+        try:
+            run = pytest_run(env, tree, list(v.patch.checks), "release with the ported fix", commit or nb.commit, keep)
+        except KvforgeError as exc:  # pytest cannot start with the port in (its conftest), or ran out of time
+            return Port("needs a person", f"{v.target}'s variant applies ({how}) but its Checks cannot run with it: "
+                                          f"{str(exc).replace(f'{tree}/', '').split('; log: ')[0]}", v.target)
         bad = [n for n, (o, _m) in run.outcomes.items() if o != "passed"]
         if not run.outcomes:
             return Port("needs a person", f"{v.target}'s variant applies ({how}) but has no Checks", v.target)
