@@ -206,7 +206,7 @@ def test_a_port_is_proven_on_the_patches_carried_before_it(fake):
 
 def test_under_is_the_last_carried_commit_before_each_patch():
     from kvforge.flow.rebase.state import Step, Verdict
-    from kvforge.flow.watch import _under
+    from kvforge.flow.watch import carried_under as _under
 
     class Result:
         patches = [Step("1", "a", Verdict.CARRIED, commit="c1"), Step("2", "b", Verdict.CONFLICT),
