@@ -32,7 +32,7 @@ from helpers import IDENT, git
 
 from kvforge.cli import main
 from kvforge.core.cache import Cache, default_cache_dir
-from kvforge.flow.pick import state_path
+from kvforge.flow.pickstate import state_path
 from kvforge.git.bases import Base, ensure_base
 from kvforge.project.targets import load_target
 
