@@ -137,6 +137,28 @@ def test_fix_without_checks_is_unproven():
     assert v.status == "unproven" and not v.ok
 
 
+def test_a_fix_is_proven_by_its_bug_checks():
+    """With Bug-Checks, the behavioural fail-before must be one of them: a Check of the variant's own knob failing
+    behaviourally while the bug's Check fails only on a missing import proves nothing about the bug."""
+    from kvforge.proof.testrun import RunResult
+    from kvforge.proof.testrun.pytestrun import Case
+    from kvforge.proof.verify import judge
+
+    bug, knob = "tests/t.py::test_bug", "tests/t.py::test_knob"
+
+    class P:
+        name, fix_id, kind, checks, bug_checks = "0001-x.patch", "x", "fix", [bug, knob], [bug]
+
+    after = RunResult("after", "c", [], cases=[Case(bug, "passed", 0.1), Case(knob, "passed", 0.1)])
+    api = RunResult("before", "b", [], cases=[Case(bug, "failed", 0.1, "ImportError: cannot import name 'x'"),
+                                              Case(knob, "failed", 0.1, "AssertionError: assert 1 == 2")])
+    v = judge(1, P(), api, after, False, "c")
+    assert v.status == "unproven" and v.reason.startswith("no Bug-Checks test fails before the patch"), v.reason
+    behaviour = RunResult("before", "b", [], cases=[Case(bug, "failed", 0.1, "AssertionError: assert 0 == 3"),
+                                                    Case(knob, "failed", 0.1, "ImportError: cannot import name 'k'")])
+    assert judge(1, P(), behaviour, after, False, "c").status == "proven"
+
+
 def test_test_writes_junit_with_properties_on_every_testcase(fake):
     fake.patch("0001-clamp-upper", CLAMP_FIX, checks=CLAMP_CHECKS)
     fake.series("0001-clamp-upper")

@@ -217,6 +217,7 @@ def judge(n: int, patch, before: RunResult, after: RunResult, in_base: bool, com
         message = before.message_of(node)
         v.checks.append(CheckResult(node, b, a, before.seconds_of(node), after.seconds_of(node),
                                     how, message, after.message_of(node), before_kind=fail_kind(b, message)))
+    bug = set(getattr(patch, "bug_checks", patch.checks))  # the Checks that show the bug (default: all)
     not_after = [c.node for c in v.checks if c.after != "passed"]
     not_before = [c.node for c in v.checks if c.before not in ("failed", "error", "missing")]
     if not_after:
@@ -227,11 +228,13 @@ def judge(n: int, patch, before: RunResult, after: RunResult, in_base: bool, com
         v.reason = "; ".join(f"{node} already {VERB[outcomes[node][0]]} before the patch" for node in not_before)
         if in_base:
             v.reason += " (the patch is already in the base)"
-    elif not any(c.before_kind == "behaviour" for c in v.checks):
+    elif not any(c.before_kind == "behaviour" and c.node in bug for c in v.checks):
         v.status = "unproven"
-        v.reason = ("no Checks test fails before the patch for a behavioural reason: each fails only because "
+        shown = [c for c in v.checks if c.node in bug]
+        what = "Checks" if len(bug) == len(v.checks) else "Bug-Checks"
+        v.reason = (f"no {what} test fails before the patch for a behavioural reason: each fails only because "
                     "the API or the test is not there yet (" + "; ".join(
-                        f"{c.node.split('::')[-1]}: {c.before_message or c.before_kind}" for c in v.checks[:3]) + ")")
+                        f"{c.node.split('::')[-1]}: {c.before_message or c.before_kind}" for c in shown[:3]) + ")")
     else:
         v.status = "proven"
     return v
