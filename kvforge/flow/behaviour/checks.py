@@ -179,25 +179,39 @@ def kept(run: Run) -> bool:
     return run.error is None or run.error.startswith(NO_PYTEST)
 
 
-def run_without_fix(ctx_like, nb: NewBase, patch: Patch, keep: Path | None = None) -> Run:
-    """The patch's Checks on nb with only its test files added (a test file that does not apply: that node
-    cannot run), in nb's environment (built on first use)."""
+NO_ENV = "no test environment for the new base"
+NOT_APPLIED = ("error", "collection error: its test file does not apply to the new base")
+
+
+def run_in_one_tree(ctx_like, nb: NewBase, patches: list[Patch], keep: Path | None = None) -> list[Run]:
+    """The Checks of `patches` on nb with only their test files added (a test file that does not apply: its
+    nodes cannot run), in one tree and one pytest, in nb's environment (built on first use): one Run per patch,
+    its own nodes' outcomes, sharing the environment, the evidence and a pytest that could not start."""
     tree = scratch_tree(ctx_like.cache)
     try:
         try:
             env = release_env(ctx_like, nb)
         except KvforgeError as exc:
-            return Run(error=f"no test environment for the new base: {exc}")
+            return [Run(error=f"{NO_ENV}: {exc}") for _ in patches]
         gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
-        refused = _add_test_files(patch, tree)
-        nodes = [c for c in patch.checks if c.split("::", 1)[0] not in refused]
-        run = _without(env, tree, nodes, nb.commit, keep) if nodes else Run(env=env.key)
-        for c in patch.checks:
-            if c not in nodes:
-                run.outcomes[c] = ("error", "collection error: its test file does not apply to the new base")
-        return run
+        refused = [_add_test_files(p, tree) for p in patches]
+        nodes = [c for p, no in zip(patches, refused) for c in p.checks if c.split("::", 1)[0] not in no]
+        run = _without(env, tree, list(dict.fromkeys(nodes)), nb.commit, keep) if nodes else Run(env=env.key)
     finally:
         remove_tree(tree)
+    out = []
+    for p, no in zip(patches, refused):
+        mine = Run(env=run.env, log=run.log, junit=run.junit, error=run.error)
+        for c in p.checks if run.error is None else ():
+            mine.outcomes[c] = run.outcomes.get(c, NOT_APPLIED) if c.split("::", 1)[0] not in no else NOT_APPLIED
+            mine.lines.update({k: v for k, v in run.lines.items() if k == c or k.startswith(c + "[")})
+        out.append(mine)
+    return out
+
+
+def run_without_fix(ctx_like, nb: NewBase, patch: Patch, keep: Path | None = None) -> Run:
+    """The patch's Checks on nb with only its test files added (run_in_one_tree of it alone)."""
+    return run_in_one_tree(ctx_like, nb, [patch], keep)[0]
 
 
 def checks_signal(ctx_like, nb: NewBase, patch) -> Signal:
@@ -301,10 +315,13 @@ def _save(path: Path, run: Run) -> None:
     os.replace(tmp, path)
 
 
+def _result_path(ctx_like, nb: NewBase, patch: Patch, env_key: str) -> Path:
+    return results_dir(ctx_like.cache) / f"{result_key('without-fix', nb, patch.sha256, env_key)}.json"
+
+
 def cached_run(ctx_like, nb: NewBase, patch: Patch, budget: Budget) -> Run | None:
     """The Checks without the fix on nb: from the cache, else run (taking one from `budget`; None: none left)."""
-    key = result_key("without-fix", nb, patch.sha256, env_fingerprint(ctx_like, nb))
-    path = results_dir(ctx_like.cache) / f"{key}.json"
+    path = _result_path(ctx_like, nb, patch, env_fingerprint(ctx_like, nb))
     got = _load(path)
     if got is not None:
         return got
@@ -344,8 +361,7 @@ def prefetch(ctx_like, nb: NewBase, patches: list[Patch], budget: Budget) -> int
     the later `without_fix` of each is read from the cache. Patches already cached, or without Checks, are left
     out; a batch of one is left to `cached_run`. One batch costs one run from `budget`. Returns the runs made."""
     env_key = env_fingerprint(ctx_like, nb)
-    todo = [p for p in patches if p.checks and
-            _load(results_dir(ctx_like.cache) / f"{result_key('without-fix', nb, p.sha256, env_key)}.json") is None]
+    todo = [p for p in patches if p.checks and _load(_result_path(ctx_like, nb, p, env_key)) is None]
     made = 0
     for group in batches(todo):
         if len(group) < 2:
@@ -353,31 +369,13 @@ def prefetch(ctx_like, nb: NewBase, patches: list[Patch], budget: Budget) -> int
         if not budget.take():
             break
         made += 1
-        keys = [results_dir(ctx_like.cache) / f"{result_key('without-fix', nb, p.sha256, env_key)}.json" for p in group]
-        tree = scratch_tree(ctx_like.cache)
-        try:
-            try:
-                env = release_env(ctx_like, nb)
-            except KvforgeError:
-                return made  # no environment: each patch's own run says why (and is not kept)
-            gitutil.export(nb.repo.parent, nb.commit, tree, env={"GIT_DIR": str(nb.repo)})
-            refused = {p.sha256: _add_test_files(p, tree) for p in group}
-            nodes = [c for p in group for c in p.checks if c.split("::", 1)[0] not in refused[p.sha256]]
-            run = _without(env, tree, list(dict.fromkeys(nodes)), nb.commit, keys[0].with_suffix("")) \
-                if nodes else Run(env=env.key)
-        finally:
-            remove_tree(tree)
-        if not kept(run):
-            continue  # a timeout: each patch's own run tries again
-        for p, path in zip(group, keys):
-            mine = Run(env=run.env, log=run.log, junit=run.junit, error=run.error)
-            for c in p.checks if run.error is None else ():
-                mine.outcomes[c] = run.outcomes[c] if c.split("::", 1)[0] not in refused[p.sha256] and \
-                    c in run.outcomes else ("error", "collection error: its test file does not apply to the new base")
-                if c in run.lines:
-                    mine.lines[c] = run.lines[c]
-                mine.lines.update({k: v for k, v in run.lines.items() if k.startswith(c + "[")})
-            _save(path, mine)
+        paths = [_result_path(ctx_like, nb, p, env_key) for p in group]
+        runs = run_in_one_tree(ctx_like, nb, group, paths[0].with_suffix(""))
+        if runs[0].error and runs[0].error.startswith(NO_ENV):
+            return made  # each patch's own run says why (and is not kept)
+        if kept(runs[0]):  # not a timeout: then each patch's own run tries again
+            for path, run in zip(paths, runs):
+                _save(path, run)
     return made
 
 

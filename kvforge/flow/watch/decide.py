@@ -55,7 +55,7 @@ def carried_under(result: RebaseResult) -> list[tuple[str | None, int]]:
 
 
 def decide_rows(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Budget,
-            under: list[tuple[str | None, int]] | None = None) -> None:
+                under: list[tuple[str | None, int]] | None = None) -> None:
     """Each row's decision: the rebase's verdict where it settles it (upstream, carried), else the Checks without
     the fix and, for a fix still needed, a port of its nearest variant (kvforge.flow.behaviour), both on what the
     patch goes on in the series: the release with the patches carried before it (`under`: carried_under's list; a
@@ -79,15 +79,21 @@ def decide_rows(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Bud
             if found:
                 p.decision, p.why = "upstream", f"by history ({clone.name}): {found}"
         open_rows = [p for p in open_rows if not p.decision]
-    row_nb: dict[int, tuple[NewBase, str]] = {}  # id(row) -> (what it goes on, said in its why)
-    for k, p in enumerate(chk.patches):
-        head, carried = under[k] if under else (None, 0)
-        if head is not None and gitutil.run(nb.repo.parent, "cat-file", "-e", f"{head}^{{commit}}", check=False,
-                                            env={"GIT_DIR": str(nb.repo)}).returncode == 0:
-            row_nb[id(p)] = (replace(nb, commit=head), f"on the release with the {carried} patch"
-                                                       f"{'es' if carried != 1 else ''} carried before it: ")
-        else:
-            row_nb[id(p)] = (nb, "")
+    index = {id(p): k for k, p in enumerate(chk.patches)}
+    present: dict[str, bool] = {}  # a commit the dry run carried: still in the release's repository?
+
+    def placed(p: PatchRow) -> tuple[NewBase, str]:
+        """What row p goes on, and how its why says so ("": the bare release)."""
+        head, carried = under[index[id(p)]] if under else (None, 0)
+        if head is not None and head not in present:
+            present[head] = gitutil.run(nb.repo.parent, "cat-file", "-e", f"{head}^{{commit}}", check=False,
+                                        env={"GIT_DIR": str(nb.repo)}).returncode == 0
+        if head is None or not present[head]:
+            return nb, ""
+        return replace(nb, commit=head), f"on the release with the {carried} patch{'es' if carried != 1 else ''} " \
+                                         "carried before it"
+
+    row_nb = {id(p): placed(p) for p in open_rows}
     groups: dict[str, list[PatchRow]] = {}
     for p in open_rows:
         groups.setdefault(row_nb[id(p)][0].commit, []).append(p)
@@ -98,8 +104,8 @@ def decide_rows(ctx: Context, r: IndexRelease, chk: Check, budget: behaviour.Bud
     for p in open_rows:
         patch = by_name[p.name]
         pnb, on = row_nb[id(p)]
-        ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix"
-                f"{' (' + on.rstrip(': ') + ')' if on else ''}")
+        ctx.say(f"watch: {p.fix_id} on {r.package} {r.version}: its Checks without the fix{f' ({on})' if on else ''}")
+        on = f"{on}: " if on else ""
         v = behaviour.without_fix(new_ctx, pnb, patch, budget)
         p.behaviour, p.evidence = v.state, v.evidence
         if v.state == behaviour.UPSTREAM:
