@@ -131,7 +131,7 @@ def test_fix_without_checks_is_unproven():
     from kvforge.proof.verify import judge
 
     class P:
-        name, fix_id, kind, checks = "0001-x.patch", "x", "fix", []
+        name, fix_id, kind, checks, bug_checks = "0001-x.patch", "x", "fix", [], []
 
     v = judge(1, P(), RunResult("", "", []), RunResult("", "", []), False, "c")
     assert v.status == "unproven" and not v.ok

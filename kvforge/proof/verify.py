@@ -217,7 +217,7 @@ def judge(n: int, patch, before: RunResult, after: RunResult, in_base: bool, com
         message = before.message_of(node)
         v.checks.append(CheckResult(node, b, a, before.seconds_of(node), after.seconds_of(node),
                                     how, message, after.message_of(node), before_kind=fail_kind(b, message)))
-    bug = set(getattr(patch, "bug_checks", patch.checks))  # the Checks that show the bug (default: all)
+    bug = set(patch.bug_checks)  # the Checks that show the bug (default: all)
     not_after = [c.node for c in v.checks if c.after != "passed"]
     not_before = [c.node for c in v.checks if c.before not in ("failed", "error", "missing")]
     if not_after:
